@@ -1,0 +1,5 @@
+//! pjrt-crosshost: a PJRT C-API plugin that moves device buffers between hosts
+//! and processes, with a per-buffer completion lifecycle (see DESIGN.md).
+pub mod ffi;
+pub mod status;
+pub mod sync;

@@ -1,0 +1,4 @@
+//! Synchronisation primitives shared by every layer.
+pub mod promise;
+
+pub use promise::{Future, PromiseOnce};
