@@ -1,5 +1,7 @@
 //! pjrt-crosshost: a PJRT C-API plugin that moves device buffers between hosts
 //! and processes, with a per-buffer completion lifecycle (see DESIGN.md).
+pub mod api;
+pub mod backend;
 pub mod ffi;
 pub mod status;
 pub mod sync;

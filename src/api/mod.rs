@@ -1,0 +1,6 @@
+//! Safe Rust model of PJRT: client, devices, memories, buffers.
+pub mod buffer;
+pub mod client;
+pub mod device;
+pub mod element_type;
+pub mod options;

@@ -1,0 +1,116 @@
+//! The panic boundary and argument checks every exported entry goes through.
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use super::bindings::PJRT_Error;
+use super::errors::error_into_raw;
+use crate::status::{internal, invalid_argument, Result};
+
+/// Runs one entry's body: `Ok` → null, `Err` → a `PJRT_Error`, panic →
+/// INTERNAL naming the function. Nothing unwinds into the caller.
+pub(crate) fn run_entry(name: &'static str, body: impl FnOnce() -> Result<()>) -> *mut PJRT_Error {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => ptr::null_mut(),
+        Ok(Err(status)) => {
+            log::debug!("{name} failed: {status}");
+            error_into_raw(status)
+        }
+        Err(panic) => {
+            let what = panic_message(&panic);
+            log::error!("{name}: internal panic caught at the C boundary: {what}");
+            error_into_raw(internal(format!("{name}: internal error (panic: {what})")))
+        }
+    }
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Checks that `raw` is non-null and that the caller's `struct_size` covers at
+/// least `required` bytes (the fields this function cannot do without).
+///
+/// # Safety
+/// `raw` must be null or point to a readable args struct whose first field is
+/// `size_t struct_size` and that is at least `struct_size` bytes long.
+pub(crate) unsafe fn checked_args<'a, T>(
+    raw: *mut T,
+    name: &str,
+    required: usize,
+) -> Result<&'a mut T> {
+    if raw.is_null() {
+        return Err(invalid_argument(format!("{name}: args is null")));
+    }
+    // SAFETY: every PJRT args struct begins with `size_t struct_size`, and the
+    // caller guarantees `raw` points to one.
+    let struct_size = unsafe { *(raw as *const usize) };
+    if struct_size < required {
+        return Err(invalid_argument(format!(
+            "{name}: args struct_size {struct_size} is smaller than the {required} bytes this function needs"
+        )));
+    }
+    // SAFETY: non-null, and the caller provided at least `required` bytes.
+    // Fields beyond `struct_size` are only read after `has_field!` checks.
+    Ok(unsafe { &mut *raw })
+}
+
+/// Size of a struct up to and including `field`: what a caller's
+/// `struct_size` must cover for `field` to exist.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! struct_size_through {
+    ($ty:ty, $field:ident) => {{
+        fn size_of_pointee<T>(_: *const T) -> usize {
+            ::std::mem::size_of::<T>()
+        }
+        let probe = ::std::mem::MaybeUninit::<$ty>::uninit();
+        ::std::mem::offset_of!($ty, $field)
+            // SAFETY: addr_of! on an uninitialised value only computes an
+            // address; nothing is read.
+            + size_of_pointee(unsafe { ::std::ptr::addr_of!((*probe.as_ptr()).$field) })
+    }};
+}
+
+/// Whether the caller's args struct is large enough to contain `field`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! has_field {
+    ($args:expr, $ty:ty, $field:ident) => {
+        $args.struct_size >= $crate::struct_size_through!($ty, $field)
+    };
+}
+
+/// Defines one `PJRT_Error*`-returning C entry: null/size checks, panic
+/// boundary, `Result` → `PJRT_Error`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! pjrt_entry {
+    ($(#[$meta:meta])* $rust_name:ident = $c_name:literal, $ty:ident through $field:ident, |$args:ident| $body:block) => {
+        $(#[$meta])*
+        pub(crate) unsafe extern "C" fn $rust_name(
+            raw: *mut $crate::ffi::bindings::$ty,
+        ) -> *mut $crate::ffi::bindings::PJRT_Error {
+            $crate::ffi::boundary::run_entry($c_name, || {
+                let required = $crate::struct_size_through!($crate::ffi::bindings::$ty, $field);
+                // SAFETY: the PJRT contract: `raw` is null or a valid args
+                // struct of the caller's `struct_size`; checked_args rejects
+                // null and short structs.
+                let $args = unsafe {
+                    $crate::ffi::boundary::checked_args(raw, $c_name, required)
+                }?;
+                $body
+            })
+        }
+    };
+}
+
+/// Names the function for error messages inside an entry body.
+pub(crate) fn null_field(function: &str, field: &str) -> crate::status::Status {
+    invalid_argument(format!("{function}: {field} is null"))
+}

@@ -1,0 +1,271 @@
+//! PJRT_Buffer_*: queries, reads back to the host, copies between devices.
+use super::bindings::*;
+use super::boundary::null_field;
+use super::client::check_default_layout;
+use super::handles::{
+    borrow, into_raw, take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
+};
+use crate::api::buffer::Buffer;
+use crate::status::{invalid_argument, out_of_range, Result};
+
+/// # Safety
+/// `buffer` must be null or a live buffer handle.
+pub(crate) unsafe fn buffer_arg<'a>(
+    buffer: *mut PJRT_Buffer,
+    function: &str,
+    field: &str,
+) -> Result<&'a BufferHandle> {
+    // SAFETY: forwarded contract.
+    unsafe { borrow::<BufferHandle>(buffer, function, field) }
+}
+
+/// A caller's destination pointer, carried to whichever thread completes the
+/// read.
+#[derive(Clone, Copy)]
+struct HostDestination(usize);
+
+impl HostDestination {
+    /// # Safety
+    /// The pointer must be writable for `len` bytes until the read's event is
+    /// ready (the PJRT contract for ToHostBuffer / CopyRawToHost).
+    unsafe fn as_slice<'a>(self, len: usize) -> &'a mut [u8] {
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: forwarded contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0 as *mut u8, len) }
+    }
+}
+
+crate::pjrt_entry!(buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_Args through buffer, |args| {
+    // SAFETY: the caller gives up its owned buffer handle.
+    drop(unsafe { take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_element_type = "PJRT_Buffer_ElementType", PJRT_Buffer_ElementType_Args through type_, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_ElementType", "buffer") }?;
+    args.type_ = b.buffer.shape().element_type.raw();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_dimensions = "PJRT_Buffer_Dimensions", PJRT_Buffer_Dimensions_Args through num_dims, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Dimensions", "buffer") }?;
+    args.dims = b.dims.as_ptr();
+    args.num_dims = b.dims.len();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_unpadded_dimensions = "PJRT_Buffer_UnpaddedDimensions", PJRT_Buffer_UnpaddedDimensions_Args through num_dims, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_UnpaddedDimensions", "buffer") }?;
+    args.unpadded_dims = b.dims.as_ptr();
+    args.num_dims = b.dims.len();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_dynamic_dimension_indices = "PJRT_Buffer_DynamicDimensionIndices", PJRT_Buffer_DynamicDimensionIndices_Args through num_dynamic_dims, |args| {
+    // SAFETY: live handle per contract.
+    unsafe { buffer_arg(args.buffer, "PJRT_Buffer_DynamicDimensionIndices", "buffer") }?;
+    args.dynamic_dim_indices = std::ptr::null();
+    args.num_dynamic_dims = 0;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_get_memory_layout = "PJRT_Buffer_GetMemoryLayout", PJRT_Buffer_GetMemoryLayout_Args through layout, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_GetMemoryLayout", "buffer") }?;
+    let mut layout = PJRT_Buffer_MemoryLayout {
+        struct_size: PJRT_Buffer_MemoryLayout_STRUCT_SIZE as usize,
+        type_: PJRT_Buffer_MemoryLayout_Type_Tiled,
+        ..Default::default()
+    };
+    layout.__bindgen_anon_1.tiled = PJRT_Buffer_MemoryLayout_Tiled {
+        struct_size: PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        minor_to_major: b.minor_to_major.as_ptr(),
+        minor_to_major_size: b.minor_to_major.len(),
+        tile_dims: std::ptr::null(),
+        tile_dim_sizes: std::ptr::null(),
+        num_tiles: 0,
+    };
+    args.layout = layout;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_on_device_size_in_bytes = "PJRT_Buffer_OnDeviceSizeInBytes", PJRT_Buffer_OnDeviceSizeInBytes_Args through on_device_size_in_bytes, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_OnDeviceSizeInBytes", "buffer") }?;
+    args.on_device_size_in_bytes = b.buffer.byte_size();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_device = "PJRT_Buffer_Device", PJRT_Buffer_Device_Args through device, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Device", "buffer") }?;
+    args.device = b.tables.device_ptr(b.buffer.device().global_id);
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_memory = "PJRT_Buffer_Memory", PJRT_Buffer_Memory_Args through memory, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Memory", "buffer") }?;
+    args.memory = b.tables.memory_ptr(b.buffer.device().memory.id);
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_delete = "PJRT_Buffer_Delete", PJRT_Buffer_Delete_Args through buffer, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Delete", "buffer") }?;
+    b.buffer.delete();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_is_deleted = "PJRT_Buffer_IsDeleted", PJRT_Buffer_IsDeleted_Args through is_deleted, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_IsDeleted", "buffer") }?;
+    args.is_deleted = b.buffer.is_deleted();
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_is_on_cpu = "PJRT_Buffer_IsOnCpu", PJRT_Buffer_IsOnCpu_Args through is_on_cpu, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_IsOnCpu", "buffer") }?;
+    args.is_on_cpu = b.buffer.allocation("PJRT_Buffer_IsOnCpu").map(|a| a.is_host_memory()).unwrap_or(true);
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_ready_event = "PJRT_Buffer_ReadyEvent", PJRT_Buffer_ReadyEvent_Args through event, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_ReadyEvent", "buffer") }?;
+    args.event = into_raw(EventHandle::from_future(b.buffer.definition()));
+    Ok(())
+});
+
+/// Starts an asynchronous read of `len` bytes at `offset` into `dst`.
+fn read_to_host(
+    buffer: &Buffer,
+    offset: usize,
+    len: usize,
+    dst: HostDestination,
+    function: &str,
+) -> Result<*mut PJRT_Event> {
+    let future = buffer.when_defined(function, move |data| {
+        // SAFETY: the caller keeps `dst` writable for `len` bytes until the
+        // returned event is ready, which happens after this closure.
+        let dst = unsafe { dst.as_slice(len) };
+        data.read(offset, dst)
+    })?;
+    Ok(into_raw(EventHandle::from_future(future)))
+}
+
+crate::pjrt_entry!(buffer_to_host_buffer = "PJRT_Buffer_ToHostBuffer", PJRT_Buffer_ToHostBuffer_Args through event, |args| {
+    const F: &str = "PJRT_Buffer_ToHostBuffer";
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.src, F, "src") }?;
+    let size = b.buffer.byte_size();
+    // SAFETY: null or a readable layout.
+    unsafe { check_default_layout(args.host_layout, b.buffer.shape(), F) }?;
+    if args.dst.is_null() {
+        // Size query.
+        args.dst_size = size;
+        return Ok(());
+    }
+    if args.dst_size < size {
+        return Err(invalid_argument(format!(
+            "{F}: dst_size {} is smaller than the buffer's {size} bytes",
+            args.dst_size
+        )));
+    }
+    args.event = read_to_host(&b.buffer, 0, size, HostDestination(args.dst as usize), F)?;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_copy_raw_to_host = "PJRT_Buffer_CopyRawToHost", PJRT_Buffer_CopyRawToHost_Args through event, |args| {
+    const F: &str = "PJRT_Buffer_CopyRawToHost";
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    let size = b.buffer.byte_size() as i64;
+    if args.offset < 0 || args.transfer_size < 0 || args.offset.checked_add(args.transfer_size).is_none_or(|end| end > size) {
+        return Err(out_of_range(format!(
+            "{F}: offset {} + transfer_size {} is outside the buffer's {size} bytes",
+            args.offset, args.transfer_size
+        )));
+    }
+    if args.dst.is_null() && args.transfer_size > 0 {
+        return Err(null_field(F, "dst"));
+    }
+    args.event = read_to_host(
+        &b.buffer,
+        args.offset as usize,
+        args.transfer_size as usize,
+        HostDestination(args.dst as usize),
+        F,
+    )?;
+    Ok(())
+});
+
+fn copy_to(
+    b: &BufferHandle,
+    device: &std::sync::Arc<crate::api::device::Device>,
+    function: &str,
+) -> Result<*mut PJRT_Buffer> {
+    let copy = b.client.copy_buffer(&b.buffer, device, function)?;
+    Ok(into_raw(BufferHandle::new(
+        copy,
+        b.client.clone(),
+        b.tables.clone(),
+    )))
+}
+
+crate::pjrt_entry!(buffer_copy_to_device = "PJRT_Buffer_CopyToDevice", PJRT_Buffer_CopyToDevice_Args through dst_buffer, |args| {
+    const F: &str = "PJRT_Buffer_CopyToDevice";
+    // SAFETY: live handles per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    // SAFETY: live handle per contract.
+    let device = unsafe { borrow::<DeviceHandle>(args.dst_device, F, "dst_device") }?;
+    args.dst_buffer = copy_to(b, &device.device, F)?;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_copy_to_memory = "PJRT_Buffer_CopyToMemory", PJRT_Buffer_CopyToMemory_Args through dst_buffer, |args| {
+    const F: &str = "PJRT_Buffer_CopyToMemory";
+    // SAFETY: live handles per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    // SAFETY: live handle per contract.
+    let memory = unsafe { borrow::<MemoryHandle>(args.dst_memory, F, "dst_memory") }?;
+    let device = b.client.device_by_global_id(memory.memory.device_global_id, F)?.clone();
+    args.dst_buffer = copy_to(b, &device, F)?;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_unsafe_pointer = "PJRT_Buffer_UnsafePointer", PJRT_Buffer_UnsafePointer_Args through buffer_pointer, |args| {
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_UnsafePointer", "buffer") }?;
+    args.buffer_pointer = b.buffer.address("PJRT_Buffer_UnsafePointer")?;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_opaque_device_memory_data_pointer = "PJRT_Buffer_OpaqueDeviceMemoryDataPointer", PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args through device_memory_ptr, |args| {
+    const F: &str = "PJRT_Buffer_OpaqueDeviceMemoryDataPointer";
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    args.device_memory_ptr = b.buffer.address(F)? as *mut std::ffi::c_void;
+    Ok(())
+});
+
+crate::pjrt_entry!(buffer_increase_external_reference_count = "PJRT_Buffer_IncreaseExternalReferenceCount", PJRT_Buffer_IncreaseExternalReferenceCount_Args through buffer, |args| {
+    const F: &str = "PJRT_Buffer_IncreaseExternalReferenceCount";
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    b.buffer.increase_external_refs(F)
+});
+
+crate::pjrt_entry!(buffer_decrease_external_reference_count = "PJRT_Buffer_DecreaseExternalReferenceCount", PJRT_Buffer_DecreaseExternalReferenceCount_Args through buffer, |args| {
+    const F: &str = "PJRT_Buffer_DecreaseExternalReferenceCount";
+    // SAFETY: live handle per contract.
+    let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
+    b.buffer.decrease_external_refs(F)
+});

@@ -1,0 +1,309 @@
+//! PJRT_Client_*: creation, topology queries, buffers from host memory.
+use std::sync::Arc;
+
+use super::bindings::*;
+use super::boundary::null_field;
+use super::handles::{
+    borrow, into_raw, take, BufferHandle, ClientHandle, DeviceHandle, EventHandle, MemoryHandle,
+};
+use super::strings::{read_named_values, str_out};
+use crate::api::buffer::HostArray;
+use crate::api::client::{Client, PLATFORM_NAME};
+use crate::api::device::Device;
+use crate::api::element_type::{ElementType, Shape};
+use crate::api::options::ClientOptions;
+use crate::status::{invalid_argument, unimplemented, Result};
+use crate::sync::Future;
+
+crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+    const F: &str = "PJRT_Client_Create";
+    super::logging::init();
+    // SAFETY: `create_options` holds `num_options` named values per header.
+    let options = unsafe { read_named_values(args.create_options, args.num_options, F) }?;
+    let options = ClientOptions::parse(&options)?;
+    let client = Client::create(options)?;
+    log::info!(
+        "{F}: client with {} devices (platform {})",
+        client.devices().len(),
+        client.platform_version()
+    );
+    args.client = into_raw(ClientHandle::new(client));
+    Ok(())
+});
+
+crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
+    // SAFETY: the caller gives up its owned client handle.
+    drop(unsafe { take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
+    Ok(())
+});
+
+/// Borrows the client named in an args struct.
+///
+/// # Safety
+/// `client` must be null or a client handle that has not been destroyed.
+pub(crate) unsafe fn client_arg<'a>(
+    client: *mut PJRT_Client,
+    function: &str,
+) -> Result<&'a ClientHandle> {
+    // SAFETY: forwarded contract.
+    unsafe { borrow::<ClientHandle>(client, function, "client") }
+}
+
+crate::pjrt_entry!(client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
+    // SAFETY: live client per contract.
+    unsafe { client_arg(args.client, "PJRT_Client_PlatformName") }?;
+    (args.platform_name, args.platform_name_size) = str_out(PLATFORM_NAME);
+    Ok(())
+});
+
+crate::pjrt_entry!(client_process_index = "PJRT_Client_ProcessIndex", PJRT_Client_ProcessIndex_Args through process_index, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, "PJRT_Client_ProcessIndex") }?;
+    args.process_index = client.client.process_index();
+    Ok(())
+});
+
+crate::pjrt_entry!(client_platform_version = "PJRT_Client_PlatformVersion", PJRT_Client_PlatformVersion_Args through platform_version_size, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, "PJRT_Client_PlatformVersion") }?;
+    (args.platform_version, args.platform_version_size) = str_out(client.client.platform_version());
+    Ok(())
+});
+
+crate::pjrt_entry!(client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_Args through num_devices, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, "PJRT_Client_Devices") }?;
+    args.devices = client.tables.all_devices.0.as_ptr();
+    args.num_devices = client.tables.all_devices.0.len();
+    Ok(())
+});
+
+crate::pjrt_entry!(client_addressable_devices = "PJRT_Client_AddressableDevices", PJRT_Client_AddressableDevices_Args through num_addressable_devices, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableDevices") }?;
+    args.addressable_devices = client.tables.addressable_devices.0.as_ptr();
+    args.num_addressable_devices = client.tables.addressable_devices.0.len();
+    Ok(())
+});
+
+crate::pjrt_entry!(client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Client_LookupDevice_Args through device, |args| {
+    const F: &str = "PJRT_Client_LookupDevice";
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, F) }?;
+    let device = client.client.device_by_global_id(args.id, F)?;
+    args.device = client.tables.device_ptr(device.global_id);
+    Ok(())
+});
+
+crate::pjrt_entry!(client_lookup_addressable_device = "PJRT_Client_LookupAddressableDevice", PJRT_Client_LookupAddressableDevice_Args through addressable_device, |args| {
+    const F: &str = "PJRT_Client_LookupAddressableDevice";
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, F) }?;
+    let device = client.client.addressable_device_by_local_id(args.local_hardware_id, F)?;
+    args.addressable_device = client.tables.device_ptr(device.global_id);
+    Ok(())
+});
+
+crate::pjrt_entry!(client_addressable_memories = "PJRT_Client_AddressableMemories", PJRT_Client_AddressableMemories_Args through num_addressable_memories, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableMemories") }?;
+    args.addressable_memories = client.tables.addressable_memories.0.as_ptr();
+    args.num_addressable_memories = client.tables.addressable_memories.0.len();
+    Ok(())
+});
+
+/// Resolves a destination given as a device, a memory, or both.
+///
+/// # Safety
+/// `device` / `memory` must each be null or live handles.
+pub(crate) unsafe fn destination_device(
+    client: &ClientHandle,
+    device: *mut PJRT_Device,
+    memory: *mut PJRT_Memory,
+    function: &str,
+) -> Result<Arc<Device>> {
+    let from_device = if device.is_null() {
+        None
+    } else {
+        // SAFETY: forwarded contract.
+        Some(
+            unsafe { borrow::<DeviceHandle>(device, function, "device") }?
+                .device
+                .clone(),
+        )
+    };
+    let from_memory = if memory.is_null() {
+        None
+    } else {
+        // SAFETY: forwarded contract.
+        let memory = unsafe { borrow::<MemoryHandle>(memory, function, "memory") }?;
+        Some(
+            client
+                .client
+                .device_by_global_id(memory.memory.device_global_id, function)?
+                .clone(),
+        )
+    };
+    let device = match (from_device, from_memory) {
+        (Some(d), Some(m)) if d.global_id != m.global_id => {
+            return Err(invalid_argument(format!(
+                "{function}: device {} and memory of device {} disagree",
+                d.global_id, m.global_id
+            )))
+        }
+        (Some(d), _) => d,
+        (None, Some(m)) => m,
+        (None, None) => {
+            return Err(invalid_argument(format!(
+                "{function}: neither device nor memory is set"
+            )))
+        }
+    };
+    if !Arc::ptr_eq(
+        &device,
+        client
+            .client
+            .device_by_global_id(device.global_id, function)?,
+    ) {
+        return Err(invalid_argument(format!(
+            "{function}: device {} belongs to another client",
+            device.global_id
+        )));
+    }
+    Ok(device)
+}
+
+/// Reads a `num_dims`/`dims` pair.
+///
+/// # Safety
+/// `dims` must be null or point to `num_dims` readable int64s.
+pub(crate) unsafe fn read_dims(
+    dims: *const i64,
+    num_dims: usize,
+    function: &str,
+) -> Result<Vec<i64>> {
+    if num_dims == 0 {
+        return Ok(Vec::new());
+    }
+    if dims.is_null() {
+        return Err(null_field(function, "dims"));
+    }
+    // SAFETY: forwarded contract.
+    Ok(unsafe { std::slice::from_raw_parts(dims, num_dims) }.to_vec())
+}
+
+/// Only the dense row-major layout exists on this backend.
+///
+/// # Safety
+/// `layout` must be null or a readable `PJRT_Buffer_MemoryLayout`.
+pub(crate) unsafe fn check_default_layout(
+    layout: *const PJRT_Buffer_MemoryLayout,
+    shape: &Shape,
+    function: &str,
+) -> Result<()> {
+    if layout.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded contract.
+    let layout = unsafe { &*layout };
+    let is_default = match layout.type_ {
+        PJRT_Buffer_MemoryLayout_Type_Tiled => {
+            // SAFETY: `type_` selects the tiled member of the union.
+            let tiled = unsafe { &layout.__bindgen_anon_1.tiled };
+            let minor_to_major = if tiled.minor_to_major_size == 0 {
+                Vec::new()
+            } else if tiled.minor_to_major.is_null() {
+                return Err(null_field(function, "layout.tiled.minor_to_major"));
+            } else {
+                // SAFETY: header promises minor_to_major_size entries.
+                unsafe {
+                    std::slice::from_raw_parts(tiled.minor_to_major, tiled.minor_to_major_size)
+                }
+                .to_vec()
+            };
+            tiled.num_tiles == 0 && minor_to_major == shape.default_minor_to_major()
+        }
+        PJRT_Buffer_MemoryLayout_Type_Strides => {
+            // SAFETY: `type_` selects the strides member of the union.
+            let strides = unsafe { &layout.__bindgen_anon_1.strides };
+            let given = if strides.num_byte_strides == 0 {
+                Vec::new()
+            } else if strides.byte_strides.is_null() {
+                return Err(null_field(function, "layout.strides.byte_strides"));
+            } else {
+                // SAFETY: header promises num_byte_strides entries.
+                unsafe {
+                    std::slice::from_raw_parts(strides.byte_strides, strides.num_byte_strides)
+                }
+                .to_vec()
+            };
+            given == shape.dense_byte_strides()
+        }
+        other => {
+            return Err(invalid_argument(format!(
+                "{function}: unknown memory layout type {other}"
+            )))
+        }
+    };
+    if is_default {
+        Ok(())
+    } else {
+        Err(unimplemented(format!(
+            "{function}: only the dense row-major layout is supported on this device"
+        )))
+    }
+}
+
+crate::pjrt_entry!(client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {
+    const F: &str = "PJRT_Client_BufferFromHostBuffer";
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, F) }?;
+    let element_type = ElementType::from_raw(args.type_, F)?;
+    // SAFETY: header: `dims` has `num_dims` entries.
+    let dims = unsafe { read_dims(args.dims, args.num_dims, F) }?;
+    let shape = Shape::new(element_type, dims, F)?;
+    // SAFETY: device/memory are null or live handles of this client.
+    let device = unsafe { destination_device(client, args.device, args.memory, F) }?;
+    // SAFETY: null or a readable layout.
+    unsafe { check_default_layout(args.device_layout, &shape, F) }?;
+    let strides = if args.byte_strides.is_null() || args.num_byte_strides == 0 && shape.dims.is_empty() {
+        None
+    } else {
+        // SAFETY: header: `byte_strides` has `num_byte_strides` entries.
+        Some(unsafe { std::slice::from_raw_parts(args.byte_strides, args.num_byte_strides) })
+    };
+    if let Some(s) = strides {
+        if s.len() != shape.dims.len() {
+            return Err(invalid_argument(format!(
+                "{F}: num_byte_strides ({}) != num_dims ({})",
+                s.len(),
+                shape.dims.len()
+            )));
+        }
+    }
+    let (low, high) = match strides {
+        None => (0i64, shape.byte_size() as i64),
+        Some(s) => HostArray::extent(&shape, s),
+    };
+    let span = (high - low) as usize;
+    if span > 0 && args.data.is_null() {
+        return Err(null_field(F, "data"));
+    }
+    let bytes: &[u8] = if span == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's array (data pointer + strides, as described by
+        // the header) covers exactly [data+low, data+high).
+        unsafe { std::slice::from_raw_parts((args.data as *const u8).offset(low as isize), span) }
+    };
+    let host = HostArray {
+        bytes,
+        origin: (-low) as usize,
+        byte_strides: strides,
+    };
+    let buffer = client.client.buffer_from_host(&host, shape, &device, F)?;
+    // The bytes were copied before return: the host buffer is free at once.
+    args.done_with_host_buffer = into_raw(EventHandle::from_future(Future::ready(Ok(()))));
+    args.buffer = into_raw(BufferHandle::new(buffer, client.client.clone(), client.tables.clone()));
+    Ok(())
+});

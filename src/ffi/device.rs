@@ -1,0 +1,137 @@
+//! PJRT_Device_* and PJRT_DeviceDescription_*.
+use super::handles::{borrow, DescriptionHandle, DeviceHandle};
+use super::strings::str_out;
+use crate::status::Result;
+
+/// # Safety
+/// `device` must be null or a live device handle.
+unsafe fn device_arg<'a>(
+    device: *mut super::bindings::PJRT_Device,
+    function: &str,
+) -> Result<&'a DeviceHandle> {
+    // SAFETY: forwarded contract.
+    unsafe { borrow::<DeviceHandle>(device, function, "device") }
+}
+
+/// # Safety
+/// `description` must be null or a live description handle.
+unsafe fn description_arg<'a>(
+    description: *mut super::bindings::PJRT_DeviceDescription,
+    function: &str,
+) -> Result<&'a DescriptionHandle> {
+    // SAFETY: forwarded contract.
+    unsafe { borrow::<DescriptionHandle>(description, function, "device_description") }
+}
+
+crate::pjrt_entry!(device_get_description = "PJRT_Device_GetDescription", PJRT_Device_GetDescription_Args through device_description, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_GetDescription") }?;
+    args.device_description = device.description_ptr();
+    Ok(())
+});
+
+crate::pjrt_entry!(device_is_addressable = "PJRT_Device_IsAddressable", PJRT_Device_IsAddressable_Args through is_addressable, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_IsAddressable") }?;
+    args.is_addressable = device.device.addressable;
+    Ok(())
+});
+
+crate::pjrt_entry!(device_local_hardware_id = "PJRT_Device_LocalHardwareId", PJRT_Device_LocalHardwareId_Args through local_hardware_id, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_LocalHardwareId") }?;
+    args.local_hardware_id = device.device.local_hardware_id;
+    Ok(())
+});
+
+crate::pjrt_entry!(device_addressable_memories = "PJRT_Device_AddressableMemories", PJRT_Device_AddressableMemories_Args through num_memories, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_AddressableMemories") }?;
+    if device.device.addressable {
+        args.memories = device.memories.0.as_ptr();
+        args.num_memories = device.memories.0.len();
+    } else {
+        args.memories = std::ptr::null();
+        args.num_memories = 0;
+    }
+    Ok(())
+});
+
+crate::pjrt_entry!(device_default_memory = "PJRT_Device_DefaultMemory", PJRT_Device_DefaultMemory_Args through memory, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_DefaultMemory") }?;
+    args.memory = device.memory_ptr();
+    Ok(())
+});
+
+crate::pjrt_entry!(device_memory_stats = "PJRT_Device_MemoryStats", PJRT_Device_MemoryStats_Args through bytes_in_use, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_MemoryStats") }?;
+    let stats = device.device.counters.snapshot();
+    args.bytes_in_use = stats.bytes_in_use;
+    // Optional fields exist only when the caller's struct is large enough.
+    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, largest_alloc_size_is_set) {
+        args.peak_bytes_in_use = stats.peak_bytes_in_use;
+        args.peak_bytes_in_use_is_set = true;
+        args.num_allocs = stats.num_allocs;
+        args.num_allocs_is_set = true;
+        args.largest_alloc_size = stats.largest_alloc_size;
+        args.largest_alloc_size_is_set = true;
+    }
+    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
+        args.bytes_limit_is_set = false;
+    }
+    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, peak_allocated_bytes_is_set) {
+        args.bytes_reserved_is_set = false;
+        args.peak_bytes_reserved_is_set = false;
+        args.bytes_reservable_limit_is_set = false;
+        args.largest_free_block_bytes_is_set = false;
+        args.pool_bytes_is_set = false;
+        args.peak_pool_bytes_is_set = false;
+        args.peak_allocated_bytes_is_set = false;
+    }
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_id = "PJRT_DeviceDescription_Id", PJRT_DeviceDescription_Id_Args through id, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_Id") }?;
+    args.id = d.device.global_id;
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_process_index = "PJRT_DeviceDescription_ProcessIndex", PJRT_DeviceDescription_ProcessIndex_Args through process_index, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_ProcessIndex") }?;
+    args.process_index = d.device.process_index;
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_attributes = "PJRT_DeviceDescription_Attributes", PJRT_DeviceDescription_Attributes_Args through attributes, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_Attributes") }?;
+    args.attributes = d.attributes.values.as_ptr();
+    args.num_attributes = d.attributes.values.len();
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_kind = "PJRT_DeviceDescription_Kind", PJRT_DeviceDescription_Kind_Args through device_kind_size, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_Kind") }?;
+    (args.device_kind, args.device_kind_size) = str_out(&d.device.kind);
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_debug_string = "PJRT_DeviceDescription_DebugString", PJRT_DeviceDescription_DebugString_Args through debug_string_size, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_DebugString") }?;
+    (args.debug_string, args.debug_string_size) = str_out(&d.device.debug_string);
+    Ok(())
+});
+
+crate::pjrt_entry!(device_description_to_string = "PJRT_DeviceDescription_ToString", PJRT_DeviceDescription_ToString_Args through to_string_size, |args| {
+    // SAFETY: live handle per contract.
+    let d = unsafe { description_arg(args.device_description, "PJRT_DeviceDescription_ToString") }?;
+    (args.to_string, args.to_string_size) = str_out(&d.device.to_string);
+    Ok(())
+});

@@ -1,0 +1,101 @@
+//! PJRT_Event_*: events are futures of an outcome; caller-made events carry
+//! the promise that `PJRT_Event_Set` fulfils.
+use std::ffi::c_void;
+
+use super::bindings::*;
+use super::errors::error_into_raw;
+use super::handles::{borrow, into_raw, take, EventHandle};
+use crate::status::{failed_precondition, invalid_argument, Code, Status};
+
+const SET: &str = "PJRT_Event_Set";
+
+crate::pjrt_entry!(event_destroy = "PJRT_Event_Destroy", PJRT_Event_Destroy_Args through event, |args| {
+    // SAFETY: `event` is an owned event handle the caller gives up.
+    drop(unsafe { take::<EventHandle>(args.event, "PJRT_Event_Destroy", "event") }?);
+    Ok(())
+});
+
+crate::pjrt_entry!(event_is_ready = "PJRT_Event_IsReady", PJRT_Event_IsReady_Args through is_ready, |args| {
+    // SAFETY: caller passes a live event.
+    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_IsReady", "event") }?;
+    args.is_ready = event.future.is_ready();
+    Ok(())
+});
+
+crate::pjrt_entry!(event_error = "PJRT_Event_Error", PJRT_Event_Error_Args through event, |args| {
+    // SAFETY: caller passes a live event.
+    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_Error", "event") }?;
+    match event.future.try_get() {
+        Some(outcome) => outcome,
+        None => Err(failed_precondition("PJRT_Event_Error: event is not ready yet")),
+    }
+});
+
+crate::pjrt_entry!(event_await = "PJRT_Event_Await", PJRT_Event_Await_Args through event, |args| {
+    // SAFETY: caller passes a live event.
+    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_Await", "event") }?;
+    event.future.wait()
+});
+
+/// The user's callback and argument, moved to whichever thread publishes.
+struct OnReadyCallback {
+    callback: unsafe extern "C" fn(*mut PJRT_Error, *mut c_void),
+    user_arg: usize,
+}
+
+crate::pjrt_entry!(event_on_ready = "PJRT_Event_OnReady", PJRT_Event_OnReady_Args through user_arg, |args| {
+    // SAFETY: caller passes a live event.
+    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_OnReady", "event") }?;
+    let callback = args
+        .callback
+        .ok_or_else(|| invalid_argument("PJRT_Event_OnReady: callback is null"))?;
+    let cb = OnReadyCallback {
+        callback,
+        user_arg: args.user_arg as usize,
+    };
+    event.future.on_ready(move |outcome| {
+        let error = match outcome {
+            Ok(()) => std::ptr::null_mut(),
+            Err(status) => error_into_raw(status.clone()),
+        };
+        let cb = cb;
+        // A panic in user code must not unwind through us either.
+        let _ = std::panic::catch_unwind(|| {
+            // SAFETY: the caller's callback; it takes ownership of `error`.
+            unsafe { (cb.callback)(error, cb.user_arg as *mut c_void) }
+        });
+    });
+    Ok(())
+});
+
+crate::pjrt_entry!(event_create = "PJRT_Event_Create", PJRT_Event_Create_Args through event, |args| {
+    args.event = into_raw(EventHandle::settable());
+    Ok(())
+});
+
+crate::pjrt_entry!(event_set = "PJRT_Event_Set", PJRT_Event_Set_Args through error_message_size, |args| {
+    // SAFETY: caller passes a live event.
+    let event = unsafe { borrow::<EventHandle>(args.event, SET, "event") }?;
+    let promise = event.promise.as_ref().ok_or_else(|| {
+        invalid_argument("PJRT_Event_Set: event was not created by PJRT_Event_Create")
+    })?;
+    let outcome = if args.error_code == 0 {
+        Ok(())
+    } else {
+        let message = if args.error_message.is_null() || args.error_message_size == 0 {
+            String::new()
+        } else {
+            // SAFETY: the header promises `error_message_size` readable bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(args.error_message as *const u8, args.error_message_size)
+            };
+            String::from_utf8_lossy(bytes).into_owned()
+        };
+        Err(Status::new(Code::from_raw(args.error_code as i32), message))
+    };
+    if promise.set(outcome) {
+        Ok(())
+    } else {
+        Err(failed_precondition("PJRT_Event_Set: event was already set"))
+    }
+});
