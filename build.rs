@@ -20,6 +20,12 @@ fn main() {
     println!("cargo:rerun-if-changed=include/pjrt_crosshost.h");
     println!("cargo:rerun-if-changed=build.rs");
 
+    println!("cargo:rerun-if-changed=src/ffi/cxx/delete_shim.cc");
+    cc::Build::new()
+        .cpp(true)
+        .file("src/ffi/cxx/delete_shim.cc")
+        .compile("pjrt_crosshost_cxx");
+
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let bindings = bindgen::Builder::default()
         .header(root.join("include/pjrt_crosshost.h").to_string_lossy())
