@@ -1,5 +1,6 @@
 //! pjrt-crosshost: a PJRT C-API plugin that moves device buffers between hosts
 //! and processes, with a per-buffer completion lifecycle (see DESIGN.md).
 pub mod ffi;
+pub mod kv;
 pub mod status;
 pub mod sync;
