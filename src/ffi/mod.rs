@@ -1,1 +1,2 @@
 pub mod bindings;
+pub mod kv_callbacks;
