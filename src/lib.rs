@@ -4,3 +4,4 @@ pub mod ffi;
 pub mod kv;
 pub mod status;
 pub mod sync;
+pub mod transfer;
