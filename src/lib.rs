@@ -3,5 +3,7 @@
 pub mod api;
 pub mod backend;
 pub mod ffi;
+pub mod kv;
 pub mod status;
 pub mod sync;
+pub mod transfer;

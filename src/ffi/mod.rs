@@ -10,6 +10,7 @@ mod device;
 pub(crate) mod errors;
 mod events;
 pub(crate) mod handles;
+pub mod kv_callbacks;
 pub mod logging;
 mod memory;
 mod plugin;

@@ -1,4 +1,10 @@
 //! Synchronisation primitives shared by every layer.
+pub mod metrics;
 pub mod promise;
+pub mod runner;
+pub mod timer;
 
+pub use metrics::{Metrics, MetricsSnapshot};
 pub use promise::{Future, PromiseOnce};
+pub use runner::AsyncWorkRunner;
+pub use timer::{DeadlineTimer, TimerId};

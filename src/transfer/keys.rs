@@ -1,0 +1,142 @@
+//! Key names of the cross-host protocol (DESIGN.md §3 rule 6):
+//!
+//! - completion key `crosshost/recv/<epoch>/<transfer_id>/<index>`: the
+//!   sender (or a cancel) writes the buffer's `Receipt` there;
+//! - descriptor key `crosshost/desc/<epoch>/<transfer_id>/<index>` (v2 API):
+//!   the receiver publishes the buffer's descriptor there.
+//!
+//! `<epoch>` is the temporal identity the client supplies: the session id all
+//! processes agreed on, plus the peers' incarnation ids where the caller gave
+//! them. JAX's transfer keys restart at 0 in every job; the epoch keeps one
+//! job's keys from meeting another's.
+use std::fmt;
+
+use crate::status::{self, Result};
+
+const RECV_PREFIX: &str = "crosshost/recv/";
+const DESC_PREFIX: &str = "crosshost/desc/";
+
+/// Checks that `epoch` can be one path segment: non-empty, printable ASCII,
+/// no `/` and no whitespace.
+pub fn validate_epoch(epoch: &str) -> Result<()> {
+    if epoch.is_empty() {
+        return Err(status::invalid_argument("key epoch: empty"));
+    }
+    if let Some(c) = epoch.chars().find(|c| !c.is_ascii_graphic() || *c == '/') {
+        return Err(status::invalid_argument(format!(
+            "key epoch {epoch:?}: character {c:?} not allowed (printable ASCII, no '/')"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompletionKey {
+    epoch: String,
+    transfer_id: i64,
+    index: u64,
+    name: String,
+}
+
+impl CompletionKey {
+    pub fn new(epoch: &str, transfer_id: i64, index: u64) -> Result<CompletionKey> {
+        validate_epoch(epoch)?;
+        Ok(CompletionKey {
+            epoch: epoch.to_string(),
+            transfer_id,
+            index,
+            name: format!("{RECV_PREFIX}{epoch}/{transfer_id}/{index}"),
+        })
+    }
+
+    /// Parses a completion key name; `INVALID_ARGUMENT` for anything else.
+    pub fn parse(name: &str) -> Result<CompletionKey> {
+        let bad = |why: &str| status::invalid_argument(format!("completion key {name:?}: {why}"));
+        let rest = name
+            .strip_prefix(RECV_PREFIX)
+            .ok_or_else(|| bad("does not start with crosshost/recv/"))?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        let [epoch, transfer_id, index] = parts[..] else {
+            return Err(bad("expected <epoch>/<transfer_id>/<index>"));
+        };
+        let transfer_id = transfer_id
+            .parse::<i64>()
+            .map_err(|_| bad("transfer id is not an int64"))?;
+        let index = index
+            .parse::<u64>()
+            .map_err(|_| bad("index is not a u64"))?;
+        let key = CompletionKey::new(epoch, transfer_id, index)?;
+        if key.name != name {
+            return Err(bad("not in canonical form"));
+        }
+        Ok(key)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+
+    pub fn transfer_id(&self) -> i64 {
+        self.transfer_id
+    }
+
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The v2 descriptor key of the same buffer.
+    pub fn descriptor_key(&self) -> String {
+        format!(
+            "{DESC_PREFIX}{}/{}/{}",
+            self.epoch, self.transfer_id, self.index
+        )
+    }
+}
+
+/// `crosshost/desc/<epoch>/<transfer_id>/<index>`.
+pub fn descriptor_key(epoch: &str, transfer_id: i64, index: u64) -> Result<String> {
+    Ok(CompletionKey::new(epoch, transfer_id, index)?.descriptor_key())
+}
+
+impl fmt::Display for CompletionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Code;
+
+    #[test]
+    fn completion_and_descriptor_keys_follow_the_documented_layout() {
+        let key = CompletionKey::new("s1a2.i0-3", -7, 2).unwrap();
+        assert_eq!(key.as_str(), "crosshost/recv/s1a2.i0-3/-7/2");
+        assert_eq!(key.descriptor_key(), "crosshost/desc/s1a2.i0-3/-7/2");
+        assert_eq!(descriptor_key("e", 1, 0).unwrap(), "crosshost/desc/e/1/0");
+        assert_eq!(CompletionKey::parse(key.as_str()).unwrap(), key);
+    }
+
+    #[test]
+    fn bad_epochs_and_malformed_names_are_invalid_argument() {
+        for epoch in ["", "a/b", "a b", "é"] {
+            let err = CompletionKey::new(epoch, 0, 0).unwrap_err();
+            assert_eq!(err.code, Code::InvalidArgument, "{epoch:?}");
+        }
+        for name in [
+            "crosshost/desc/e/1/0",
+            "crosshost/recv/e/1",
+            "crosshost/recv/e/x/0",
+            "crosshost/recv/e/1/0/extra",
+            "crosshost/recv/e/01/0",
+        ] {
+            let err = CompletionKey::parse(name).unwrap_err();
+            assert_eq!(err.code, Code::InvalidArgument, "{name}");
+        }
+    }
+}
