@@ -3,3 +3,5 @@
 pub mod ffi;
 pub mod status;
 pub mod sync;
+pub mod transfer;
+pub mod transport;

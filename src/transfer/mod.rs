@@ -1,0 +1,2 @@
+//! Cross-host protocol: descriptors, receive state machine, send path.
+pub mod descriptor;
