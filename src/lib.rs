@@ -7,3 +7,4 @@ pub mod kv;
 pub mod status;
 pub mod sync;
 pub mod transfer;
+pub mod transport;

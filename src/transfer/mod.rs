@@ -1,4 +1,6 @@
-//! The cross-host protocol: key naming, receipts, and the receive state
-//! machine (`recv_state.rs`, the completion lifecycle of DESIGN.md §3).
+//! The cross-host protocol: key naming, receipts, descriptors, and the
+//! receive state machine (`recv_state.rs`, the completion lifecycle of
+//! DESIGN.md §3).
+pub mod descriptor;
 pub mod keys;
 pub mod receipt;

@@ -1,0 +1,23 @@
+//! Moving bytes into a receive destination.
+//!
+//! The transport is chosen per descriptor, from where the destination lives
+//! relative to the sender:
+//!
+//! - same process: a direct copy into the destination (`copy`);
+//! - same host, another process: the receiver allocates the destination in
+//!   POSIX shared memory (`shm`, optionally carved from a pre-faulted
+//!   `shm_pool`) and the sender maps it and copies (GPU: CUDA IPC);
+//! - another host: the sender streams the bytes to the receiver's TCP
+//!   transfer server (`tcp`), which checks the descriptor's auth token and
+//!   the bounds before writing into the destination (GPU: staged through
+//!   pinned host memory).
+//!
+//! "Same host" is decided by `HostIdentity` (hostname + boot id); "same
+//! process" additionally by the process id in the descriptor.
+pub mod auth_token;
+pub mod copy;
+pub mod destination;
+pub mod host_identity;
+pub mod random;
+pub mod shm;
+pub mod tcp;

@@ -1,0 +1,423 @@
+//! `SharedRegion`: POSIX shared memory for same-host, cross-process
+//! destinations. The receiver `create`s a region under an unguessable name
+//! (`/pjrt-crosshost-<128 random bits in hex>`, mode 0600, `O_EXCL`), the
+//! sender `open`s the window the descriptor names and writes into it. Pages
+//! are reserved with `posix_fallocate` at creation, so a full `/dev/shm` is a
+//! clean `RESOURCE_EXHAUSTED` for the receiver instead of a `SIGBUS` in the
+//! sender.
+use std::ffi::CString;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::destination::WritableDestination;
+use super::random::random_hex;
+use crate::status::{self, Result, Status};
+
+pub const SHM_NAME_PREFIX: &str = "/pjrt-crosshost-";
+/// 128 random bits, lowercase hex.
+const SHM_NAME_RANDOM_HEX_LEN: usize = 32;
+
+/// Accepts exactly the names `SharedRegion::create` makes; anything else (a
+/// path, another program's object, a name with odd characters) is refused
+/// before it reaches `shm_open`.
+pub fn validate_shm_name(name: &str) -> Result<()> {
+    let suffix = name.strip_prefix(SHM_NAME_PREFIX).ok_or_else(|| {
+        status::invalid_argument(format!(
+            "shared-memory name {name:?} does not start with {SHM_NAME_PREFIX:?}"
+        ))
+    })?;
+    let well_formed = suffix.len() == SHM_NAME_RANDOM_HEX_LEN
+        && suffix
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+    if !well_formed {
+        return Err(status::invalid_argument(format!(
+            "shared-memory name {name:?} must be {SHM_NAME_PREFIX:?} followed by {SHM_NAME_RANDOM_HEX_LEN} lowercase hex digits"
+        )));
+    }
+    Ok(())
+}
+
+/// A mapped window of a shared-memory object.
+pub struct SharedRegion {
+    name: String,
+    /// Base of the mapping (page aligned); null when nothing is mapped
+    /// (zero-length regions).
+    mapping: *mut u8,
+    mapping_len: usize,
+    /// Where the region starts inside the mapping (the page-rounding slack).
+    start_in_mapping: usize,
+    len: usize,
+    /// True for the creator, which unlinks the name at the latest on drop.
+    owns_name: bool,
+    unlinked: AtomicBool,
+}
+
+// SAFETY: the mapping is process-wide memory owned by this struct and only
+// reached through raw pointers; it is not tied to any thread.
+unsafe impl Send for SharedRegion {}
+// SAFETY: `&self` methods only read immutable fields, copy through raw
+// pointers, or flip the atomic `unlinked` flag.
+unsafe impl Sync for SharedRegion {}
+
+/// Options for `SharedRegion::create_with`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CreateOptions {
+    /// Map with `MAP_POPULATE` so that this process's page tables are filled
+    /// up front (for pooled, long-lived segments).
+    pub prefault: bool,
+}
+
+impl SharedRegion {
+    /// Creates a new zero-filled object of `len` bytes and maps all of it.
+    pub fn create(len: usize) -> Result<SharedRegion> {
+        SharedRegion::create_with(len, CreateOptions::default())
+    }
+
+    pub fn create_with(len: usize, options: CreateOptions) -> Result<SharedRegion> {
+        let (name, descriptor) = create_unique_object()?;
+        let mut region = SharedRegion {
+            name,
+            mapping: std::ptr::null_mut(),
+            mapping_len: 0,
+            start_in_mapping: 0,
+            len,
+            owns_name: true,
+            unlinked: AtomicBool::new(false),
+        };
+        // From here on, dropping `region` unlinks the name on every error path.
+        let sized = reserve(&descriptor, len, &region.name);
+        let mapped = sized.and_then(|()| {
+            map(&descriptor, 0, len, options.prefault, &region.name).map(|mapping| {
+                region.mapping = mapping;
+                region.mapping_len = len;
+            })
+        });
+        mapped?;
+        log::debug!("created shared-memory region {} ({len} bytes)", region.name);
+        Ok(region)
+    }
+
+    /// Opens the window `[offset, offset + len)` of an existing object made
+    /// by `create`. Fails with `INVALID_ARGUMENT` when the name is not one of
+    /// ours or the object is smaller than `offset + len`, `NOT_FOUND` when it
+    /// does not exist (any more).
+    pub fn open(name: &str, offset: u64, len: u64) -> Result<SharedRegion> {
+        SharedRegion::open_with(name, offset, len, false)
+    }
+
+    /// `open`, optionally pre-faulting the mapping (worth it for large
+    /// windows that will be written in full).
+    pub fn open_with(name: &str, offset: u64, len: u64, prefault: bool) -> Result<SharedRegion> {
+        validate_shm_name(name)?;
+        let end = offset.checked_add(len).ok_or_else(|| {
+            status::invalid_argument(format!(
+                "shared-memory window [{offset}, +{len}) of {name} overflows"
+            ))
+        })?;
+        let c_name = CString::new(name).expect("validated names contain no NUL");
+        // SAFETY: `c_name` is a valid NUL-terminated string for the call.
+        let raw = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(match error.raw_os_error() {
+                Some(libc::ENOENT) => status::not_found(format!(
+                    "shared-memory region {name} does not exist (already unlinked by its receiver?)"
+                )),
+                Some(libc::EACCES) => status::permission_denied(format!(
+                    "shared-memory region {name}: access denied ({error})"
+                )),
+                _ => status::internal(format!("shm_open({name}) failed: {error}")),
+            });
+        }
+        let descriptor = OwnedFd(raw);
+        let object_len = file_size(&descriptor, name)?;
+        if end > object_len {
+            return Err(status::invalid_argument(format!(
+                "shared-memory window [{offset}, +{len}) lies outside {name}, which has {object_len} bytes"
+            )));
+        }
+        let len = usize::try_from(len).map_err(|_| {
+            status::invalid_argument(format!("shared-memory window of {len} bytes is too large"))
+        })?;
+        let page = page_size();
+        let aligned_offset = offset - offset % page as u64;
+        let start_in_mapping = (offset - aligned_offset) as usize;
+        let mut region = SharedRegion {
+            name: name.to_string(),
+            mapping: std::ptr::null_mut(),
+            mapping_len: 0,
+            start_in_mapping,
+            len,
+            owns_name: false,
+            unlinked: AtomicBool::new(false),
+        };
+        if len > 0 {
+            let mapping_len = start_in_mapping + len;
+            region.mapping = map(&descriptor, aligned_offset, mapping_len, prefault, name)?;
+            region.mapping_len = mapping_len;
+        }
+        Ok(region)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start of the region (dangling but non-null when empty).
+    pub fn as_ptr(&self) -> *mut u8 {
+        if self.mapping.is_null() {
+            return std::ptr::NonNull::dangling().as_ptr();
+        }
+        // SAFETY: `start_in_mapping < page size <= mapping_len`, so the result
+        // stays inside the mapping.
+        unsafe { self.mapping.add(self.start_in_mapping) }
+    }
+
+    /// Copies `bytes` into the region at `offset` (bounds checked).
+    pub fn write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.check_range(offset, bytes.len(), "write")?;
+        // SAFETY: the range was checked to lie inside the mapped region, and
+        // `bytes` is ordinary process memory that cannot overlap a fresh mapping
+        // we only reach through raw pointers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.as_ptr().add(offset), bytes.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from the region at `offset` (bounds checked).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len(), "read")?;
+        // SAFETY: as in `write_at`, with source and destination swapped.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
+    }
+
+    /// Removes the name so no further process can open the region; existing
+    /// mappings stay valid. Idempotent. Only the creator unlinks.
+    pub fn unlink(&self) -> Result<()> {
+        if !self.owns_name {
+            return Err(status::failed_precondition(format!(
+                "shared-memory region {} was opened, not created, by this process; only its creator unlinks it",
+                self.name
+            )));
+        }
+        if self.unlinked.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        unlink_name(&self.name)
+    }
+
+    fn check_range(&self, offset: usize, count: usize, verb: &str) -> Result<()> {
+        match offset.checked_add(count) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(status::out_of_range(format!(
+                "{verb} of {count} bytes at offset {offset} exceeds shared-memory region {} of {} bytes",
+                self.name, self.len
+            ))),
+        }
+    }
+}
+
+// SAFETY: `as_ptr()` is fixed for the region's life and points to `len`
+// mapped, writable bytes that are unmapped only in `drop`.
+unsafe impl WritableDestination for SharedRegion {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        if !self.mapping.is_null() {
+            // SAFETY: `mapping`/`mapping_len` are exactly what mmap returned and
+            // nothing else unmaps them; no references into the mapping outlive
+            // `self` (the API only copies through raw pointers).
+            let result = unsafe { libc::munmap(self.mapping.cast(), self.mapping_len) };
+            if result != 0 {
+                log::error!(
+                    "munmap of shared-memory region {} failed: {}",
+                    self.name,
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        if self.owns_name && !self.unlinked.swap(true, Ordering::AcqRel) {
+            if let Err(error) = unlink_name(&self.name) {
+                log::error!("{error}");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SharedRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedRegion")
+            .field("name", &self.name)
+            .field("len", &self.len)
+            .field("owns_name", &self.owns_name)
+            .finish()
+    }
+}
+
+/// Closes the file descriptor on drop.
+struct OwnedFd(libc::c_int);
+
+impl Drop for OwnedFd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor came from a successful shm_open and is closed
+        // exactly once, here.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn create_unique_object() -> Result<(String, OwnedFd)> {
+    // 128 random bits make a collision practically impossible; retry a few
+    // times anyway rather than fail on one.
+    for _ in 0..4 {
+        let name = format!(
+            "{SHM_NAME_PREFIX}{}",
+            random_hex(SHM_NAME_RANDOM_HEX_LEN / 2)?
+        );
+        let c_name = CString::new(name.as_str()).expect("hex names contain no NUL");
+        // SAFETY: `c_name` is a valid NUL-terminated string for the call.
+        let raw = unsafe {
+            libc::shm_open(
+                c_name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600 as libc::mode_t,
+            )
+        };
+        if raw >= 0 {
+            return Ok((name, OwnedFd(raw)));
+        }
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EEXIST) {
+            return Err(os_status("shm_open(O_CREAT|O_EXCL)", &name, error));
+        }
+    }
+    Err(status::internal(
+        "shm_open kept finding existing objects under fresh random names",
+    ))
+}
+
+/// Sizes the object and reserves its pages.
+fn reserve(descriptor: &OwnedFd, len: usize, name: &str) -> Result<()> {
+    let len_as_off = libc::off_t::try_from(len)
+        .map_err(|_| status::invalid_argument(format!("shared-memory size {len} is too large")))?;
+    // SAFETY: plain syscall on a descriptor we own.
+    if unsafe { libc::ftruncate(descriptor.0, len_as_off) } != 0 {
+        return Err(os_status(
+            "ftruncate",
+            name,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if len > 0 {
+        // SAFETY: plain syscall on a descriptor we own.
+        let error = unsafe { libc::posix_fallocate(descriptor.0, 0, len_as_off) };
+        if error != 0 {
+            return Err(os_status(
+                "posix_fallocate",
+                name,
+                std::io::Error::from_raw_os_error(error),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn map(
+    descriptor: &OwnedFd,
+    offset: u64,
+    len: usize,
+    prefault: bool,
+    name: &str,
+) -> Result<*mut u8> {
+    if len == 0 {
+        return Ok(std::ptr::null_mut());
+    }
+    let flags = if prefault {
+        libc::MAP_SHARED | libc::MAP_POPULATE
+    } else {
+        libc::MAP_SHARED
+    };
+    let offset = libc::off_t::try_from(offset)
+        .map_err(|_| status::invalid_argument(format!("offset {offset} is too large")))?;
+    // SAFETY: a fresh mapping chosen by the kernel (addr = null) of a
+    // descriptor we own; nothing existing is replaced.
+    let mapping = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            descriptor.0,
+            offset,
+        )
+    };
+    if mapping == libc::MAP_FAILED {
+        return Err(os_status("mmap", name, std::io::Error::last_os_error()));
+    }
+    Ok(mapping.cast())
+}
+
+fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
+    // SAFETY: `stat` is plain old data; all-zero is a valid value to overwrite.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `stat` is a valid out-pointer for the call; the descriptor is ours.
+    if unsafe { libc::fstat(descriptor.0, &mut stat) } != 0 {
+        return Err(os_status("fstat", name, std::io::Error::last_os_error()));
+    }
+    Ok(stat.st_size.max(0) as u64)
+}
+
+fn unlink_name(name: &str) -> Result<()> {
+    let c_name = CString::new(name).expect("validated names contain no NUL");
+    // SAFETY: `c_name` is a valid NUL-terminated string for the call.
+    if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(os_status("shm_unlink", name, error));
+    }
+    Ok(())
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as usize
+    } else {
+        4096
+    }
+}
+
+fn os_status(operation: &str, name: &str, error: std::io::Error) -> Status {
+    let message = format!("{operation} on shared-memory region {name} failed: {error}");
+    match error.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::ENOMEM) | Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            status::resource_exhausted(message)
+        }
+        Some(libc::ENOENT) => status::not_found(message),
+        Some(libc::EACCES) | Some(libc::EPERM) => status::permission_denied(message),
+        _ => status::internal(message),
+    }
+}
+
+#[cfg(test)]
+mod tests;
