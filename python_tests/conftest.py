@@ -1,0 +1,129 @@
+"""Fixtures for the ctypes tests of libpjrt_crosshost.so.
+
+The library comes from $PJRT_CROSSHOST_LIB, default
+target/release/libpjrt_crosshost.so. Nothing is skipped: a missing library
+stops the run with a message saying how to build it.
+
+Tests marked ``@pytest.mark.isolated`` run in a child pytest process, so a
+plugin crash (segfault, abort) fails that one test instead of killing the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import pjrt_ctypes as pc  # noqa: E402
+
+_CHILD_ENV = "PJRT_CROSSHOST_TEST_CHILD"
+
+
+def library_path() -> Path:
+    p = os.environ.get("PJRT_CROSSHOST_LIB")
+    return Path(p) if p else REPO / "target" / "release" / "libpjrt_crosshost.so"
+
+
+def header_dir() -> Path:
+    return REPO / "pjrt_c_api"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "isolated: run in a child process so that a crash fails only this test"
+    )
+
+
+def pytest_sessionstart(session):
+    lib = library_path()
+    if not lib.is_file():
+        pytest.exit(
+            f"\npjrt-crosshost tests: the plugin library {lib} does not exist.\n"
+            "Build it with `cargo build --release` (or `make build`), or point "
+            "PJRT_CROSSHOST_LIB at a built libpjrt_crosshost.so.\n",
+            returncode=2,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if pyfuncitem.get_closest_marker("isolated") is None or os.environ.get(_CHILD_ENV):
+        return None
+    env = dict(os.environ, **{_CHILD_ENV: "1", "PJRT_CROSSHOST_LIB": str(library_path())})
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        str(pyfuncitem.path) + "::" + pyfuncitem.nodeid.split("::", 1)[1],
+    ]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"isolated test hung for 120s (plugin deadlock?)\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        how = (
+            f"CRASHED with signal {-proc.returncode}"
+            if proc.returncode < 0
+            else f"failed (exit {proc.returncode})"
+        )
+        pytest.fail(
+            f"isolated child run {how}\n--- stdout ---\n{proc.stdout[-6000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-3000:]}",
+            pytrace=False,
+        )
+    return True
+
+
+@pytest.fixture(scope="session")
+def lib_path() -> Path:
+    return library_path()
+
+
+@pytest.fixture(scope="session")
+def api(lib_path) -> pc.Api:
+    a = pc.Api(str(lib_path))
+    a.initialize()
+    return a
+
+
+@pytest.fixture
+def client(api):
+    c = api.create_client()
+    yield c
+    c.destroy()
+
+
+@pytest.fixture
+def devices(client):
+    return client.devices()
+
+
+def run_child_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter with ``pc`` (pjrt_ctypes) imported
+    and ``api`` loaded and initialized. For checks that may crash the process."""
+    prelude = (
+        "import sys, json, ctypes\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "import pjrt_ctypes as pc\n"
+        f"api = pc.Api({str(library_path())!r})\n"
+        "api.initialize()\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
