@@ -25,10 +25,8 @@ from ctypes import (
     c_char_p,
     c_float,
     c_int,
-    c_int32,
     c_int64,
     c_size_t,
-    c_uint64,
     c_void_p,
 )
 
@@ -1321,7 +1319,7 @@ class Client:
         a = self.api.args(
             "PJRT_Client_BufferFromHostBuffer",
             client=self.handle,
-            data=array.ctypes.data if array.size else (array.ctypes.data or None),
+            data=array.ctypes.data,
             type=int(type),
             dims=dims,
             num_dims=array.ndim,

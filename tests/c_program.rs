@@ -36,11 +36,8 @@ fn c_program() -> &'static Path {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos();
-        let dir = std::env::temp_dir().join(format!(
-            "pjrt-crosshost-c-{}-{}",
-            std::process::id(),
-            nanos
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("pjrt-crosshost-c-{}-{}", std::process::id(), nanos));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let exe = dir.join("plugin_roundtrip");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
