@@ -530,3 +530,39 @@ def test_large_buffer_round_trip_16_mib(mclient):
         assert buf.to_host_bytes() == a.tobytes()
     finally:
         buf.destroy()
+
+
+def test_to_host_buffer_returns_an_event_that_completes_ok(mclient):
+    a = np.arange(10, dtype=np.int32)
+    buf = mclient.buffer_from_host(a)
+    dst = ctypes.create_string_buffer(a.nbytes)
+    try:
+        r = mclient.api.call(
+            "PJRT_Buffer_ToHostBuffer", src=buf.handle, dst=ctypes.addressof(dst),
+            dst_size=a.nbytes,
+        )
+        assert r.event, "ToHostBuffer returned no event"
+        ev = pc.Event(mclient.api, r.event)
+        assert ev.await_status() is None
+        ev.destroy()
+        assert dst.raw == a.tobytes()
+    finally:
+        buf.destroy()
+
+
+def test_copy_raw_to_host_returns_an_event_that_completes_ok(mclient):
+    a = np.arange(10, dtype=np.int32)
+    buf = mclient.buffer_from_host(a)
+    dst = ctypes.create_string_buffer(8)
+    try:
+        r = mclient.api.call(
+            "PJRT_Buffer_CopyRawToHost", buffer=buf.handle, dst=ctypes.addressof(dst),
+            offset=8, transfer_size=8,
+        )
+        assert r.event, "CopyRawToHost returned no event"
+        ev = pc.Event(mclient.api, r.event)
+        assert ev.await_status() is None
+        ev.destroy()
+        assert dst.raw == a.tobytes()[8:16]
+    finally:
+        buf.destroy()
