@@ -2,3 +2,8 @@
 //! machine (`recv_state.rs`, the completion lifecycle of DESIGN.md §3).
 pub mod keys;
 pub mod receipt;
+pub mod recv_state;
+
+pub use keys::CompletionKey;
+pub use receipt::Receipt;
+pub use recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
