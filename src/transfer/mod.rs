@@ -4,3 +4,8 @@
 pub mod descriptor;
 pub mod keys;
 pub mod receipt;
+pub mod recv_state;
+
+pub use keys::CompletionKey;
+pub use receipt::Receipt;
+pub use recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
