@@ -8,7 +8,8 @@ use crate::status::Result;
 
 pub const AUTH_TOKEN_LEN: usize = 32;
 
-#[derive(Clone, Copy, Hash, PartialEq, Eq)]
+/// Equality (`==`, and so `HashMap` lookups) is the constant-time compare.
+#[derive(Clone, Copy)]
 pub struct AuthToken([u8; AUTH_TOKEN_LEN]);
 
 impl AuthToken {
@@ -36,6 +37,20 @@ impl AuthToken {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b));
         // black_box keeps the optimiser from turning the fold into an early exit.
         std::hint::black_box(difference) == 0
+    }
+}
+
+impl PartialEq for AuthToken {
+    fn eq(&self, other: &AuthToken) -> bool {
+        self.constant_time_eq(other)
+    }
+}
+
+impl Eq for AuthToken {}
+
+impl std::hash::Hash for AuthToken {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
     }
 }
 

@@ -20,4 +20,5 @@ pub mod destination;
 pub mod host_identity;
 pub mod random;
 pub mod shm;
+pub mod shm_pool;
 pub mod tcp;

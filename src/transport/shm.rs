@@ -99,15 +99,18 @@ impl SharedRegion {
     }
 
     /// Opens the window `[offset, offset + len)` of an existing object made
-    /// by `create`. Fails with `INVALID_ARGUMENT` when the name is not one of
-    /// ours or the object is smaller than `offset + len`, `NOT_FOUND` when it
-    /// does not exist (any more).
+    /// by `create`, pre-faulting the mapping (the sender writes all of it).
+    /// Fails with `INVALID_ARGUMENT` when the name is not one of ours or the
+    /// object is smaller than `offset + len`, `NOT_FOUND` when it does not
+    /// exist (any more).
+    ///
+    /// Measured, 256 MiB window, open + first write: 0.37 GB/s faulting page
+    /// by page, 2.2 GB/s with `MAP_POPULATE` (warm writes 11 GB/s either way).
     pub fn open(name: &str, offset: u64, len: u64) -> Result<SharedRegion> {
-        SharedRegion::open_with(name, offset, len, false)
+        SharedRegion::open_with(name, offset, len, true)
     }
 
-    /// `open`, optionally pre-faulting the mapping (worth it for large
-    /// windows that will be written in full).
+    /// `open`, choosing whether to pre-fault the mapping.
     pub fn open_with(name: &str, offset: u64, len: u64, prefault: bool) -> Result<SharedRegion> {
         validate_shm_name(name)?;
         let end = offset.checked_add(len).ok_or_else(|| {

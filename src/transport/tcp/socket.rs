@@ -1,0 +1,83 @@
+//! Socket-level helpers the TCP transport needs beyond `std::net`: receiving
+//! straight into destination memory, and buffer sizes.
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// Socket buffer size asked for on both ends. Linux caps it at
+/// `net.core.{r,w}mem_max` (doubled for bookkeeping).
+pub const SOCKET_BUFFER_BYTES: libc::c_int = 4 << 20;
+
+/// Largest single `recv` (keeps each call's timeout meaningful).
+const MAX_RECV_CHUNK: usize = 16 << 20;
+
+/// Asks for large send and receive buffers. Failures are logged, not fatal:
+/// the kernel's defaults still work, just slower.
+///
+/// Measured on loopback (2 cores, noisy): 1 MiB transfers 2.7-3.2 GB/s with
+/// 4 MiB buffers versus 1.5-3.0 GB/s with autotuning (a fresh connection
+/// starts small); 256 MiB transfers 2.1-2.7 versus 2.5-3.2 GB/s (autotuning
+/// may grow past 4 MiB). Per-buffer transfers dominate, so buffers are set.
+pub fn set_large_buffers(stream: &TcpStream) {
+    for (option, name) in [
+        (libc::SO_SNDBUF, "SO_SNDBUF"),
+        (libc::SO_RCVBUF, "SO_RCVBUF"),
+    ] {
+        let value = SOCKET_BUFFER_BYTES;
+        // SAFETY: `value` is a valid c_int that lives across the call and the
+        // length passed is its size; the descriptor belongs to `stream`.
+        let result = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if result != 0 {
+            log::debug!("setsockopt({name}) failed: {}", io::Error::last_os_error());
+        }
+    }
+}
+
+/// Receives exactly `len` bytes from `stream` into raw memory at `target`,
+/// honouring the stream's read timeout. Returns `UnexpectedEof` if the peer
+/// closes first.
+///
+/// # Safety
+///
+/// `target` must be valid for writes of `len` bytes for the whole call, and
+/// no Rust reference may cover that memory meanwhile.
+pub unsafe fn recv_exact_into(stream: &TcpStream, target: *mut u8, len: usize) -> io::Result<()> {
+    let mut received = 0usize;
+    while received < len {
+        let chunk = (len - received).min(MAX_RECV_CHUNK);
+        // SAFETY: `received + chunk <= len`, so the written range lies inside
+        // the caller's valid range; `recv` writes at most `chunk` bytes.
+        let got = unsafe { libc::recv(stream.as_raw_fd(), target.add(received).cast(), chunk, 0) };
+        if got < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("peer closed the connection after {received} of {len} payload bytes"),
+            ));
+        }
+        received += got as usize;
+    }
+    Ok(())
+}
+
+/// True for the errors a socket timeout produces.
+pub fn is_timeout(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}

@@ -1,0 +1,292 @@
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::wire::{read_response, RequestHeader};
+use super::*;
+use crate::status::Code;
+use crate::transport::auth_token::AuthToken;
+use crate::transport::destination::{HeapDestination, WritableDestination};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|index| (index as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+fn server_with(handler_threads: usize, io_timeout: Duration) -> TcpReceiveServer {
+    TcpReceiveServer::bind_with(
+        loopback(),
+        TcpServerConfig {
+            handler_threads,
+            io_timeout,
+            ..TcpServerConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn registered(server: &TcpReceiveServer, len: usize) -> (AuthToken, Arc<HeapDestination>) {
+    let token = AuthToken::generate().unwrap();
+    let destination = Arc::new(HeapDestination::new(len));
+    server.register(token, destination.clone()).unwrap();
+    (token, destination)
+}
+
+#[test]
+fn small_and_large_payloads_land_at_their_offset() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let (token, destination) = registered(&server, 100);
+    tcp_send(server.local_addr(), &token, 10, b"hello", TIMEOUT).unwrap();
+    let seen = destination.to_vec();
+    assert_eq!(&seen[10..15], b"hello");
+    assert!(seen[..10].iter().chain(&seen[15..]).all(|&byte| byte == 0));
+
+    let len = 24 << 20;
+    let (token, destination) = registered(&server, len + 7);
+    let payload = pattern(len, 1);
+    tcp_send(server.local_addr(), &token, 7, &payload, TIMEOUT).unwrap();
+    assert_eq!(&destination.to_vec()[7..], &payload[..]);
+}
+
+#[test]
+fn zero_length_transfers_are_acknowledged() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let (token, _destination) = registered(&server, 0);
+    tcp_send(server.local_addr(), &token, 0, &[], TIMEOUT).unwrap();
+}
+
+#[test]
+fn unknown_or_retired_tokens_are_refused_and_nothing_is_written() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let (token, destination) = registered(&server, 16);
+    let stranger = AuthToken::generate().unwrap();
+    let error = tcp_send(server.local_addr(), &stranger, 0, &[1; 16], TIMEOUT).unwrap_err();
+    assert_eq!(error.code, Code::Unauthenticated, "{error}");
+    assert!(error.message.contains("refused"), "{error}");
+
+    let mut near_miss = *token.as_bytes();
+    near_miss[0] ^= 1;
+    let error = tcp_send(
+        server.local_addr(),
+        &AuthToken::from_bytes(near_miss),
+        0,
+        &[1; 16],
+        TIMEOUT,
+    )
+    .unwrap_err();
+    assert_eq!(error.code, Code::Unauthenticated);
+
+    assert!(server.unregister(&token).is_some());
+    assert_eq!(server.registered_count(), 0);
+    let error = tcp_send(server.local_addr(), &token, 0, &[1; 16], TIMEOUT).unwrap_err();
+    assert_eq!(error.code, Code::Unauthenticated);
+    assert_eq!(destination.to_vec(), vec![0; 16]);
+}
+
+#[test]
+fn duplicate_registration_is_rejected() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let (token, _destination) = registered(&server, 4);
+    let error = server
+        .register(token, Arc::new(HeapDestination::new(4)))
+        .unwrap_err();
+    assert_eq!(error.code, Code::AlreadyExists);
+}
+
+#[test]
+fn writes_outside_the_destination_are_refused() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let (token, destination) = registered(&server, 16);
+    for (offset, len) in [(0, 17), (16, 1), (10, 7)] {
+        let error =
+            tcp_send(server.local_addr(), &token, offset, &vec![9; len], TIMEOUT).unwrap_err();
+        assert_eq!(error.code, Code::OutOfRange, "{error}");
+        assert!(error.message.contains("16-byte destination"), "{error}");
+    }
+    // An offset chosen so that offset + length wraps around.
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    let header = RequestHeader {
+        token,
+        offset: u64::MAX - 1,
+        length: 4,
+    };
+    stream.write_all(&header.encode()).unwrap();
+    stream.write_all(&[9; 4]).unwrap();
+    let verdict = read_response(&mut stream).unwrap().unwrap().unwrap_err();
+    assert_eq!(verdict.code, Code::OutOfRange);
+    assert_eq!(destination.to_vec(), vec![0; 16]);
+    tcp_send(server.local_addr(), &token, 0, &[1; 16], TIMEOUT).unwrap();
+}
+
+#[test]
+fn foreign_protocols_get_an_error_answer() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    let mut request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+    request.resize(super::REQUEST_HEADER_LEN, b' ');
+    stream.write_all(&request).unwrap();
+    let verdict = read_response(&mut stream).unwrap().unwrap().unwrap_err();
+    assert_eq!(verdict.code, Code::InvalidArgument);
+}
+
+#[test]
+fn a_sender_dying_mid_stream_frees_the_handler() {
+    // One handler thread: the next transfer can only succeed if the broken
+    // one released it.
+    let server = server_with(1, TIMEOUT);
+    let (token, destination) = registered(&server, 1 << 20);
+    {
+        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+        let header = RequestHeader {
+            token,
+            offset: 0,
+            length: 1 << 20,
+        };
+        stream.write_all(&header.encode()).unwrap();
+        stream.write_all(&[7; 100]).unwrap();
+        // Dropped here: the receiver sees EOF after 100 of 1 MiB bytes.
+    }
+    let payload = pattern(1 << 20, 5);
+    tcp_send(server.local_addr(), &token, 0, &payload, TIMEOUT).unwrap();
+    assert_eq!(destination.to_vec(), payload);
+}
+
+#[test]
+fn a_stalled_sender_times_out_on_the_receiver() {
+    let server = server_with(1, Duration::from_millis(100));
+    let (token, _destination) = registered(&server, 64);
+    let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
+    let header = RequestHeader {
+        token,
+        offset: 0,
+        length: 64,
+    };
+    stalled.write_all(&header.encode()).unwrap();
+    // Never sends the payload: the receiver gives up and says why.
+    let verdict = read_response(&mut stalled).unwrap().unwrap().unwrap_err();
+    assert_eq!(verdict.code, Code::DeadlineExceeded);
+    tcp_send(server.local_addr(), &token, 0, &[1; 64], TIMEOUT).unwrap();
+}
+
+#[test]
+fn a_receiver_that_never_acknowledges_hits_the_sender_deadline() {
+    let silent = TcpListener::bind(loopback()).unwrap();
+    let endpoint = silent.local_addr().unwrap();
+    let token = AuthToken::generate().unwrap();
+    let error = tcp_send(endpoint, &token, 0, &[1; 1000], Duration::from_millis(150)).unwrap_err();
+    assert_eq!(error.code, Code::DeadlineExceeded, "{error}");
+    drop(silent);
+}
+
+#[test]
+fn a_receiver_that_closes_without_acknowledging_is_unavailable() {
+    let listener = TcpListener::bind(loopback()).unwrap();
+    let endpoint = listener.local_addr().unwrap();
+    let closer = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut header = [0u8; super::REQUEST_HEADER_LEN];
+        stream.read_exact(&mut header).unwrap();
+        // Closes without reading the payload or answering.
+    });
+    let token = AuthToken::generate().unwrap();
+    let error = tcp_send(endpoint, &token, 0, &[1; 10], TIMEOUT).unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    closer.join().unwrap();
+}
+
+#[test]
+fn nobody_listening_is_unavailable() {
+    let endpoint = TcpListener::bind(loopback()).unwrap().local_addr().unwrap();
+    let token = AuthToken::generate().unwrap();
+    let error = tcp_send(endpoint, &token, 0, &[1], TIMEOUT).unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+}
+
+#[test]
+fn refusing_a_payload_larger_than_the_discard_bound_still_fails_cleanly() {
+    let server = TcpReceiveServer::bind_with(
+        loopback(),
+        TcpServerConfig {
+            max_discard_bytes: 1024,
+            ..TcpServerConfig::default()
+        },
+    )
+    .unwrap();
+    let stranger = AuthToken::generate().unwrap();
+    let error = tcp_send(
+        server.local_addr(),
+        &stranger,
+        0,
+        &vec![0; 8 << 20],
+        TIMEOUT,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error.code, Code::Unauthenticated | Code::Unavailable),
+        "{error}"
+    );
+}
+
+#[test]
+fn concurrent_senders_fill_disjoint_parts_of_one_destination() {
+    let server = server_with(4, TIMEOUT);
+    let part = 1 << 20;
+    let parts = 6;
+    let (token, destination) = registered(&server, part * parts);
+    let endpoint = server.local_addr();
+    std::thread::scope(|scope| {
+        for index in 0..parts {
+            scope.spawn(move || {
+                let payload = pattern(part, index as u8);
+                tcp_send(endpoint, &token, (index * part) as u64, &payload, TIMEOUT).unwrap();
+            });
+        }
+    });
+    let seen = destination.to_vec();
+    for index in 0..parts {
+        assert_eq!(
+            &seen[index * part..(index + 1) * part],
+            &pattern(part, index as u8)[..]
+        );
+    }
+}
+
+#[test]
+fn dropping_the_server_cuts_idle_connections_instead_of_waiting() {
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let _destination: Arc<dyn WritableDestination> = registered(&server, 8).1;
+    let idle = TcpStream::connect(server.local_addr()).unwrap();
+    // Half a header: whoever serves this connection would wait for the rest.
+    (&idle).write_all(&[0u8; 10]).unwrap();
+    let (done, finished) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        drop(server);
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(Duration::from_secs(5))
+        .expect("dropping the server must not wait for the 30 s I/O timeout");
+    let mut rest = Vec::new();
+    let _ = (&idle).read_to_end(&mut rest);
+}
+
+#[test]
+fn transfers_into_shared_memory_destinations() {
+    use crate::transport::shm::SharedRegion;
+    let server = TcpReceiveServer::bind(loopback()).unwrap();
+    let region = Arc::new(SharedRegion::create(4096).unwrap());
+    let token = AuthToken::generate().unwrap();
+    server.register(token, region.clone()).unwrap();
+    tcp_send(server.local_addr(), &token, 100, b"via tcp", TIMEOUT).unwrap();
+    let mut seen = [0u8; 7];
+    region.read_at(100, &mut seen).unwrap();
+    assert_eq!(&seen, b"via tcp");
+}
