@@ -60,6 +60,16 @@ impl Buffer {
         self.definition.clone()
     }
 
+    /// The definition event, or an event already failed if the buffer was
+    /// deleted (the header: such an event "will immediately indicate an
+    /// error").
+    pub fn ready_event(&self, context: &str) -> Future {
+        match self.allocation(context) {
+            Ok(_) => self.definition.clone(),
+            Err(status) => Future::ready(Err(status)),
+        }
+    }
+
     pub fn is_deleted(&self) -> bool {
         self.data.lock().is_none()
     }

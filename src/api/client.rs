@@ -4,11 +4,16 @@ use std::sync::Arc;
 use super::buffer::{Buffer, HostArray};
 use super::device::Device;
 use super::element_type::Shape;
-use super::options::ClientOptions;
+use super::options::{ClientOptions, StoreChoice};
 use crate::backend::host::HostMemory;
 use crate::backend::Allocation;
+use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
+use crate::kv::memory::MemoryStore;
+use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
+use crate::transfer::service::{TransferConfig, TransferService};
+use crate::transfer::session::Session;
 
 pub const PLATFORM_NAME: &str = "crosshost";
 pub const HOST_DEVICE_KIND: &str = "crosshost-host";
@@ -19,23 +24,96 @@ pub struct Client {
     /// Every device of the job, ordered by global id.
     devices: Vec<Arc<Device>>,
     platform_version: String,
+    transfers: Arc<TransferService>,
+}
+
+/// Picks the store: a named in-process store when asked for; the creator's
+/// KV callbacks in a multi-process job; a private store otherwise. The
+/// callbacks are never used by a single-process client (JAX passes them even
+/// then, and calling them there crashes).
+fn choose_store(
+    options: &ClientOptions,
+    callbacks: Option<Arc<dyn RawKvCallbacks>>,
+) -> Result<Arc<dyn KeyValueStore>> {
+    Ok(match &options.store {
+        StoreChoice::NamedMemory(name) => MemoryStore::named(name),
+        StoreChoice::Default if options.num_nodes > 1 => {
+            let raw = callbacks.ok_or_else(|| {
+                invalid_argument(
+                    "PJRT_Client_Create: num_nodes > 1 needs the KV callbacks (kv_get/kv_put/kv_try_get) \
+                     or the create option kv_store=memory:<name>",
+                )
+            })?;
+            Arc::new(CallbackStore::new(raw, CallbackStoreOptions::default()))
+        }
+        StoreChoice::Default => Arc::new(MemoryStore::new()),
+    })
 }
 
 impl Client {
     pub fn create(options: ClientOptions) -> Result<Arc<Client>> {
-        let process_index = 0;
-        let devices = (0..options.num_devices as i32)
-            .map(|i| Arc::new(Device::new(i, process_index, i, true, HOST_DEVICE_KIND)))
-            .collect();
+        Client::create_with_callbacks(options, None)
+    }
+
+    /// Creates the client; in a multi-process job this blocks until every
+    /// process joined the session (bounded by `session_timeout`).
+    pub fn create_with_callbacks(
+        options: ClientOptions,
+        callbacks: Option<Arc<dyn RawKvCallbacks>>,
+    ) -> Result<Arc<Client>> {
+        let store = choose_store(&options, callbacks)?;
+        let session = if options.num_nodes > 1 {
+            Session::establish(
+                &*store,
+                &options.session,
+                options.node_id,
+                options.num_nodes,
+                options.num_devices,
+                options.session_timeout,
+            )?
+        } else {
+            Session::local(options.num_devices)?
+        };
+        let process_index = session.process_index;
+        let mut devices = Vec::new();
+        for (process, first) in session.processes.iter().zip(session.first_global_ids()) {
+            let mine = process.process_index == process_index;
+            for i in 0..process.num_devices as i32 {
+                let local_id = if mine { i } else { -1 };
+                devices.push(Arc::new(Device::new(
+                    first + i,
+                    process.process_index,
+                    local_id,
+                    mine,
+                    HOST_DEVICE_KIND,
+                )));
+            }
+        }
+        let transfers = TransferService::new(
+            store,
+            session,
+            TransferConfig {
+                receive_timeout: options.receive_timeout,
+                send_timeout: options.send_timeout,
+                force_tcp: options.force_tcp,
+                tcp_bind: options.tcp_bind,
+                ..TransferConfig::default()
+            },
+        );
         Ok(Arc::new(Client {
             options,
             process_index,
             devices,
+            transfers,
             platform_version: format!(
                 "pjrt-crosshost {} (host backend)",
                 env!("CARGO_PKG_VERSION")
             ),
         }))
+    }
+
+    pub fn transfers(&self) -> &Arc<TransferService> {
+        &self.transfers
     }
 
     pub fn options(&self) -> &ClientOptions {

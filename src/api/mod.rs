@@ -4,3 +4,4 @@ pub mod client;
 pub mod device;
 pub mod element_type;
 pub mod options;
+pub mod transfers;

@@ -1,4 +1,7 @@
 //! `PJRT_Client_Create` options, parsed and validated.
+use std::net::IpAddr;
+use std::time::Duration;
+
 use crate::status::{invalid_argument, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -24,19 +27,55 @@ impl OptionValue {
 
 pub const MAX_DEVICES: i64 = 64;
 
+/// Where the client's key-value store comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// Single process: a private in-memory store. Multi-process: the KV
+    /// callbacks the creator passed.
+    Default,
+    /// `kv_store=memory:<name>`: an in-memory store shared by name inside
+    /// this process (several clients, one store).
+    NamedMemory(String),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientOptions {
     /// Addressable devices of this process (host backend).
     pub num_devices: usize,
+    pub node_id: i32,
+    pub num_nodes: usize,
+    /// Name of the job's session in the store (all processes use the same).
+    pub session: String,
+    pub store: StoreChoice,
+    /// Offer TCP destinations even to peers on this host (`transport=tcp`).
+    pub force_tcp: bool,
+    pub tcp_bind: IpAddr,
+    pub receive_timeout: Duration,
+    pub send_timeout: Duration,
+    /// How long client creation waits for the other processes.
+    pub session_timeout: Duration,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        ClientOptions { num_devices: 2 }
+        ClientOptions {
+            num_devices: 2,
+            node_id: 0,
+            num_nodes: 1,
+            session: "default".into(),
+            store: StoreChoice::Default,
+            force_tcp: false,
+            tcp_bind: IpAddr::from([127, 0, 0, 1]),
+            receive_timeout: Duration::from_secs(300),
+            send_timeout: Duration::from_secs(300),
+            session_timeout: Duration::from_secs(120),
+        }
     }
 }
 
 const CONTEXT: &str = "PJRT_Client_Create";
+const KNOWN: &str = "num_devices, node_id, num_nodes, session, kv_store, transport, tcp_bind, \
+                     receive_timeout_ms, send_timeout_ms, session_timeout_ms";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
     match value {
@@ -48,6 +87,33 @@ fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
     }
 }
 
+fn expect_str<'a>(name: &str, value: &'a OptionValue) -> Result<&'a str> {
+    match value {
+        OptionValue::Str(v) => Ok(v),
+        other => Err(invalid_argument(format!(
+            "{CONTEXT}: create option '{name}' must be a string, got {}",
+            other.type_name()
+        ))),
+    }
+}
+
+fn expect_range(name: &str, value: &OptionValue, low: i64, high: i64) -> Result<i64> {
+    let v = expect_int(name, value)?;
+    if (low..=high).contains(&v) {
+        Ok(v)
+    } else {
+        Err(invalid_argument(format!(
+            "{CONTEXT}: create option '{name}' must be in {low}..={high}, got {v}"
+        )))
+    }
+}
+
+fn expect_millis(name: &str, value: &OptionValue) -> Result<Duration> {
+    Ok(Duration::from_millis(
+        expect_range(name, value, 1, 7 * 24 * 3600 * 1000)? as u64,
+    ))
+}
+
 impl ClientOptions {
     pub fn parse(options: &[(String, OptionValue)]) -> Result<ClientOptions> {
         let mut parsed = ClientOptions::default();
@@ -55,20 +121,65 @@ impl ClientOptions {
         for (name, value) in options {
             match name.as_str() {
                 "num_devices" => {
-                    let n = expect_int(name, value)?;
-                    if !(1..=MAX_DEVICES).contains(&n) {
+                    parsed.num_devices = expect_range(name, value, 1, MAX_DEVICES)? as usize
+                }
+                "node_id" => parsed.node_id = expect_range(name, value, 0, 1 << 20)? as i32,
+                "num_nodes" => parsed.num_nodes = expect_range(name, value, 1, 1 << 20)? as usize,
+                "session" => {
+                    let s = expect_str(name, value)?;
+                    if s.is_empty() || s.contains('/') || s.chars().any(|c| !c.is_ascii_graphic()) {
                         return Err(invalid_argument(format!(
-                            "{CONTEXT}: create option 'num_devices' must be in 1..={MAX_DEVICES}, got {n}"
+                            "{CONTEXT}: create option 'session' must be printable ASCII without '/', got {s:?}"
                         )));
                     }
-                    parsed.num_devices = n as usize;
+                    parsed.session = s.to_string();
                 }
+                "kv_store" => {
+                    let s = expect_str(name, value)?;
+                    parsed.store = match s.strip_prefix("memory:") {
+                        Some(n) if !n.is_empty() => StoreChoice::NamedMemory(n.to_string()),
+                        _ if s == "default" => StoreChoice::Default,
+                        _ => {
+                            return Err(invalid_argument(format!(
+                                "{CONTEXT}: create option 'kv_store' must be 'default' or 'memory:<name>', got {s:?}"
+                            )))
+                        }
+                    };
+                }
+                "transport" => {
+                    parsed.force_tcp = match expect_str(name, value)? {
+                        "auto" => false,
+                        "tcp" => true,
+                        other => {
+                            return Err(invalid_argument(format!(
+                                "{CONTEXT}: create option 'transport' must be 'auto' or 'tcp', got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "tcp_bind" => {
+                    let s = expect_str(name, value)?;
+                    parsed.tcp_bind = s.parse().map_err(|_| {
+                        invalid_argument(format!(
+                            "{CONTEXT}: create option 'tcp_bind' must be an IP address, got {s:?}"
+                        ))
+                    })?;
+                }
+                "receive_timeout_ms" => parsed.receive_timeout = expect_millis(name, value)?,
+                "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
+                "session_timeout_ms" => parsed.session_timeout = expect_millis(name, value)?,
                 _ => unknown.push(name.clone()),
             }
         }
         if !unknown.is_empty() {
             return Err(invalid_argument(format!(
-                "{CONTEXT}: unknown create option(s) {unknown:?}; known: num_devices"
+                "{CONTEXT}: unknown create option(s) {unknown:?}; known: {KNOWN}"
+            )));
+        }
+        if parsed.node_id as usize >= parsed.num_nodes {
+            return Err(invalid_argument(format!(
+                "{CONTEXT}: node_id {} must be below num_nodes {}",
+                parsed.node_id, parsed.num_nodes
             )));
         }
         Ok(parsed)
@@ -92,6 +203,25 @@ mod tests {
         assert!(ClientOptions::parse(&[("num_devices".into(), OptionValue::Int(0))]).is_err());
         assert!(
             ClientOptions::parse(&[("num_devices".into(), OptionValue::Str("2".into()))]).is_err()
+        );
+    }
+
+    #[test]
+    fn store_transport_and_topology_options_parse() {
+        let o = ClientOptions::parse(&[
+            ("kv_store".into(), OptionValue::Str("memory:job1".into())),
+            ("transport".into(), OptionValue::Str("tcp".into())),
+            ("node_id".into(), OptionValue::Int(1)),
+            ("num_nodes".into(), OptionValue::Int(2)),
+            ("receive_timeout_ms".into(), OptionValue::Int(250)),
+        ])
+        .unwrap();
+        assert_eq!(o.store, StoreChoice::NamedMemory("job1".into()));
+        assert!(o.force_tcp);
+        assert_eq!(o.receive_timeout, Duration::from_millis(250));
+        assert!(ClientOptions::parse(&[("node_id".into(), OptionValue::Int(1))]).is_err());
+        assert!(
+            ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd".into()))]).is_err()
         );
     }
 }

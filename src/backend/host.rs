@@ -89,6 +89,13 @@ impl DeviceMemory for HostMemory {
         Ok(())
     }
 
+    fn read_with(&self, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        // SAFETY: the allocation holds `len` initialised bytes for our whole
+        // life; readers run after the buffer's definition event, so no write
+        // is in flight.
+        f(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
     fn address(&self) -> usize {
         self.ptr.as_ptr() as usize
     }

@@ -1,6 +1,7 @@
 //! Device memory. The host backend is always available; a CUDA backend is
 //! loaded dynamically where a driver exists.
 pub mod host;
+pub mod shared;
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,13 @@ pub trait DeviceMemory: Send + Sync {
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` into the allocation starting at `offset`.
     fn write(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Lends the whole contents as a host slice for the duration of `f`:
+    /// host memory lends itself without a copy, device memory stages.
+    fn read_with(&self, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let mut staging = vec![0u8; self.len()];
+        self.read(0, &mut staging)?;
+        f(&staging)
+    }
     /// The address a framework may read directly (host memory) or the device
     /// address (GPU memory); stable for the allocation's lifetime.
     fn address(&self) -> usize;

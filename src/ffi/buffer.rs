@@ -38,6 +38,9 @@ impl HostDestination {
 }
 
 crate::pjrt_entry!(buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_Args through buffer, |args| {
+    if args.buffer.is_null() {
+        return Ok(()); // The header allows destroying nullptr.
+    }
     // SAFETY: the caller gives up its owned buffer handle.
     drop(unsafe { take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
     Ok(())
@@ -140,7 +143,7 @@ crate::pjrt_entry!(buffer_is_on_cpu = "PJRT_Buffer_IsOnCpu", PJRT_Buffer_IsOnCpu
 crate::pjrt_entry!(buffer_ready_event = "PJRT_Buffer_ReadyEvent", PJRT_Buffer_ReadyEvent_Args through event, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_ReadyEvent", "buffer") }?;
-    args.event = into_raw(EventHandle::from_future(b.buffer.definition()));
+    args.event = into_raw(EventHandle::from_future(b.buffer.ready_event("PJRT_Buffer_ReadyEvent")));
     Ok(())
 });
 

@@ -21,7 +21,11 @@ crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args
     // SAFETY: `create_options` holds `num_options` named values per header.
     let options = unsafe { read_named_values(args.create_options, args.num_options, F) }?;
     let options = ClientOptions::parse(&options)?;
-    let client = Client::create(options)?;
+    // Stored for multi-process clients only (see api::client::choose_store).
+    // SAFETY: `args` is a readable create-args struct of its struct_size.
+    let callbacks = unsafe { super::kv_callbacks::PjrtKvCallbacks::from_create_args(args) }
+        .map(|c| Arc::new(c) as Arc<dyn crate::kv::callback::RawKvCallbacks>);
+    let client = Client::create_with_callbacks(options, callbacks)?;
     log::info!(
         "{F}: client with {} devices (platform {})",
         client.devices().len(),
@@ -32,6 +36,9 @@ crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args
 });
 
 crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
+    if args.client.is_null() {
+        return Ok(()); // The header allows destroying nullptr.
+    }
     // SAFETY: the caller gives up its owned client handle.
     drop(unsafe { take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())

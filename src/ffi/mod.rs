@@ -6,6 +6,7 @@ pub mod bindings;
 pub(crate) mod boundary;
 mod buffer;
 mod client;
+mod cxx_delete;
 mod device;
 pub(crate) mod errors;
 mod events;
@@ -13,8 +14,10 @@ pub(crate) mod handles;
 pub mod kv_callbacks;
 pub mod logging;
 mod memory;
+mod metrics_export;
 mod plugin;
 mod strings;
+mod transfers;
 mod unimplemented;
 
 use once_cell::sync::Lazy;
@@ -33,7 +36,7 @@ static API: Lazy<ApiTable> = Lazy::new(|| ApiTable(api_table()));
 fn api_table() -> PJRT_Api {
     let mut api = PJRT_Api {
         struct_size: PJRT_Api_STRUCT_SIZE as usize,
-        extension_start: std::ptr::null_mut(),
+        extension_start: transfers::extension_chain(),
         pjrt_api_version: PJRT_Api_Version {
             struct_size: PJRT_Api_Version_STRUCT_SIZE as usize,
             extension_start: std::ptr::null_mut(),

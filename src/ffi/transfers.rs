@@ -15,7 +15,7 @@ use super::boundary::{null_field, panic_message, run_entry};
 use super::buffer::buffer_arg;
 use super::client::{client_arg, read_dims};
 use super::errors::{error_into_raw, take_error};
-use super::handles::{borrow, into_raw, take, BufferHandle, ClientHandle, DeviceHandle, EventHandle};
+use super::handles::{borrow, into_raw, take, BufferHandle, DeviceHandle, EventHandle};
 use crate::api::client::Client;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::transfers::{PeerIncarnations, ReceiveSpec};
@@ -52,7 +52,9 @@ unsafe fn read_shapes(
     function: &str,
 ) -> Result<Vec<Shape>> {
     if num_shapes == 0 {
-        return Err(invalid_argument(format!("{function}: num_shapes is 0; the shape list must not be empty")));
+        return Err(invalid_argument(format!(
+            "{function}: num_shapes is 0; the shape list must not be empty"
+        )));
     }
     // SAFETY: forwarded contract for each array.
     let ranks = unsafe { array(shape_num_dims, num_shapes, function, "shape_num_dims") }?;
@@ -207,22 +209,40 @@ unsafe extern "C" fn cancel_notifier(
     let outcome = std::panic::catch_unwind(|| -> Result<()> {
         // SAFETY: the caller passes the descriptor bytes it got from us (or
         // garbage, which the decoder rejects) valid for the stated size.
-        let descriptor = unsafe { array(serialized_descriptor as *const u8, serialized_descriptor_size, F, "serialized_descriptor") }?;
+        let descriptor = unsafe {
+            array(
+                serialized_descriptor as *const u8,
+                serialized_descriptor_size,
+                F,
+                "serialized_descriptor",
+            )
+        }?;
         // SAFETY: message bytes valid for the stated size.
-        let message = unsafe { super::strings::read_str(error_message, error_message_size, F, "error_message") }
-            .unwrap_or_default();
-        let code = if reason == 0 { Code::Cancelled } else { Code::from_raw(reason as i32) };
+        let message = unsafe {
+            super::strings::read_str(error_message, error_message_size, F, "error_message")
+        }
+        .unwrap_or_default();
+        let code = if reason == 0 {
+            Code::Cancelled
+        } else {
+            Code::from_raw(reason as i32)
+        };
         let client = CANCEL_TARGETS
             .lock()
             .get(&(user_arg as u64))
             .and_then(Weak::upgrade)
-            .ok_or_else(|| invalid_argument(format!("{F}: the receiving client no longer exists")))?;
+            .ok_or_else(|| {
+                invalid_argument(format!("{F}: the receiving client no longer exists"))
+            })?;
         client.cancel_receive(descriptor, Status::new(code, message), F)
     });
     let error = match outcome {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(status)) => error_into_raw(status),
-        Err(panic) => error_into_raw(crate::status::internal(format!("{F}: internal error (panic: {})", panic_message(&panic)))),
+        Err(panic) => error_into_raw(crate::status::internal(format!(
+            "{F}: internal error (panic: {})",
+            panic_message(&panic)
+        ))),
     };
     match on_canceled {
         // SAFETY: the caller's callback; it takes ownership of `error`.
@@ -245,36 +265,65 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
     raw: *mut PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
 ) -> *mut PJRT_Error {
     run_entry(MAKE, || {
-        let required = crate::struct_size_through!(PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args, num_buffers);
+        let required = crate::struct_size_through!(
+            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+            num_buffers
+        );
         // SAFETY: PJRT contract; checked_args rejects null and short structs.
         let args = unsafe { super::boundary::checked_args(raw, MAKE, required) }?;
         // SAFETY: live client per contract.
         let client = unsafe { client_arg(args.client, MAKE) }?;
         // SAFETY: live device per contract.
         let device = unsafe { borrow::<DeviceHandle>(args.device, MAKE, "device") }?;
-        let notifier = args.notifier.notifier.ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
+        let notifier = args
+            .notifier
+            .notifier
+            .ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
         // SAFETY: the header's arrays of num_shapes entries.
         let shapes = unsafe {
-            read_shapes(args.num_shapes, args.shape_num_dims, args.num_dims as *const *const i64, args.element_types, args.layouts, MAKE)
+            read_shapes(
+                args.num_shapes,
+                args.shape_num_dims,
+                args.num_dims as *const *const i64,
+                args.element_types,
+                args.layouts,
+                MAKE,
+            )
         }?;
         if args.buffers.is_null() {
             return Err(null_field(MAKE, "buffers"));
         }
-        let allow_cancel = crate::has_field!(args, PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args, allow_cancel_notifier)
-            && args.allow_cancel_notifier;
-        let (buffers, descriptors) = client.client.make_receive_buffers(&device.device, shapes, MAKE)?;
+        let allow_cancel = crate::has_field!(
+            args,
+            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+            allow_cancel_notifier
+        ) && args.allow_cancel_notifier;
+        let (buffers, descriptors) =
+            client
+                .client
+                .make_receive_buffers(&device.device, shapes, MAKE)?;
         let count = buffers.len();
         // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
         let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
         for (slot, buffer) in out.iter_mut().zip(buffers) {
-            *slot = into_raw(BufferHandle::new(buffer, client.client.clone(), client.tables.clone()));
+            *slot = into_raw(BufferHandle::new(
+                buffer,
+                client.client.clone(),
+                client.tables.clone(),
+            ));
         }
         args.num_buffers = count;
-        let mut pointers: Vec<*const c_char> = descriptors.iter().map(|d| d.as_ptr() as *const c_char).collect();
+        let mut pointers: Vec<*const c_char> = descriptors
+            .iter()
+            .map(|d| d.as_ptr() as *const c_char)
+            .collect();
         let mut sizes: Vec<usize> = descriptors.iter().map(Vec::len).collect();
         let (cancel, cancel_arg) = if allow_cancel {
             let id = register_cancel_target(&client.client);
-            (Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)), id as *mut c_void)
+            (
+                Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
+                id as *mut c_void,
+            )
         } else {
             (None, std::ptr::null_mut())
         };
@@ -282,7 +331,17 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // SAFETY: the caller's notifier; the descriptor arrays live for
             // the duration of the call, as the header requires.
-            unsafe { notifier(std::ptr::null_mut(), pointers.as_mut_ptr(), sizes.as_mut_ptr(), count, user_arg, cancel, cancel_arg) }
+            unsafe {
+                notifier(
+                    std::ptr::null_mut(),
+                    pointers.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    count,
+                    user_arg,
+                    cancel,
+                    cancel_arg,
+                )
+            }
         }));
         Ok(())
     })
@@ -348,18 +407,25 @@ impl DescriptorSlot {
     }
 }
 
-pub(crate) unsafe extern "C" fn copy_to_remote_device(raw: *mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args) {
+pub(crate) unsafe extern "C" fn copy_to_remote_device(
+    raw: *mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+) {
     let result = std::panic::catch_unwind(|| {
         if raw.is_null() {
             log::error!("{COPY}: args is null; no on_done to report to");
             return;
         }
-        let required = crate::struct_size_through!(PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args, on_done);
+        let required = crate::struct_size_through!(
+            PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+            on_done
+        );
         // SAFETY: PJRT contract: a readable args struct.
         let args = match unsafe { super::boundary::checked_args(raw, COPY, required) } {
             Ok(args) => args,
             Err(status) => {
-                log::error!("{status}; on_done is outside the caller's struct, nothing to report to");
+                log::error!(
+                    "{status}; on_done is outside the caller's struct, nothing to report to"
+                );
                 return;
             }
         };
@@ -367,17 +433,25 @@ pub(crate) unsafe extern "C" fn copy_to_remote_device(raw: *mut PJRT_Transfers_P
             log::error!("{COPY}: on_done.on_done is null; nothing to report to");
             return;
         };
-        let on_done = OnDone { callback, user_arg: args.on_done.user_arg as usize };
+        let on_done = OnDone {
+            callback,
+            user_arg: args.on_done.user_arg as usize,
+        };
         if let Err(status) = start_copy_to_remote(args) {
             on_done.call(Err(status), false);
         }
     });
     if let Err(panic) = result {
-        log::error!("{COPY}: internal panic caught at the C boundary: {}", panic_message(&panic));
+        log::error!(
+            "{COPY}: internal panic caught at the C boundary: {}",
+            panic_message(&panic)
+        );
     }
 }
 
-fn start_copy_to_remote(args: &mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args) -> Result<()> {
+fn start_copy_to_remote(
+    args: &mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+) -> Result<()> {
     let on_done = OnDone {
         callback: args.on_done.on_done.expect("checked by caller"),
         user_arg: args.on_done.user_arg as usize,
@@ -387,14 +461,25 @@ fn start_copy_to_remote(args: &mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice
         None
     } else {
         // SAFETY: the caller transfers ownership of a live event.
-        Some(unsafe { take::<EventHandle>(args.event, COPY, "event") }?.future.clone())
+        Some(
+            unsafe { take::<EventHandle>(args.event, COPY, "event") }?
+                .future
+                .clone(),
+        )
     };
     // SAFETY: live buffer per contract.
     let source = unsafe { buffer_arg(args.buffer, COPY, "buffer") }?;
     if args.serialized_descriptor.is_null() || args.serialized_descriptor_size.is_null() {
-        return Err(null_field(COPY, "serialized_descriptor / serialized_descriptor_size"));
+        return Err(null_field(
+            COPY,
+            "serialized_descriptor / serialized_descriptor_size",
+        ));
     }
-    let destructor = if crate::has_field!(args, PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args, descriptor_destructor) {
+    let destructor = if crate::has_field!(
+        args,
+        PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+        descriptor_destructor
+    ) {
         args.descriptor_destructor
     } else {
         None
@@ -438,7 +523,9 @@ static EXTENSION: Lazy<ExtensionTable> = Lazy::new(|| {
             type_: PJRT_Extension_Type_CrossHostTransfers,
             next: std::ptr::null_mut(),
         },
-        PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers: Some(make_cross_host_receive_buffers),
+        PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers: Some(
+            make_cross_host_receive_buffers,
+        ),
         PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice: Some(copy_to_remote_device),
         PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers: Some(cross_host_receive_buffers),
         PJRT_Transfers_PJRT_Client_CrossHostSendBuffers: Some(cross_host_send_buffers),
@@ -456,13 +543,61 @@ mod tests {
 
     #[test]
     fn argument_struct_sizes_match_the_abi_document() {
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args, send_events), 64);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args, incarnation_ids), 88);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args, buffers), 96);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args, incarnation_ids), 120);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args, num_buffers), 104);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args, allow_cancel_notifier), 105);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args, on_done), 64);
-        assert_eq!(crate::struct_size_through!(PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args, descriptor_destructor), 72);
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args,
+                send_events
+            ),
+            64
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args,
+                incarnation_ids
+            ),
+            88
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args,
+                buffers
+            ),
+            96
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args,
+                incarnation_ids
+            ),
+            120
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+                num_buffers
+            ),
+            104
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+                allow_cancel_notifier
+            ),
+            105
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+                on_done
+            ),
+            64
+        );
+        assert_eq!(
+            crate::struct_size_through!(
+                PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+                descriptor_destructor
+            ),
+            72
+        );
     }
 }

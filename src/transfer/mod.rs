@@ -1,10 +1,12 @@
-//! The cross-host protocol: key naming, receipts, descriptors, and the
-//! receive state machine (`recv_state.rs`, the completion lifecycle of
-//! DESIGN.md §3).
+//! The cross-host protocol: key naming, receipts, descriptors, the session,
+//! the receive state machine (`recv_state.rs`, the completion lifecycle of
+//! DESIGN.md §3) and the send/receive service built on it.
 pub mod descriptor;
 pub mod keys;
 pub mod receipt;
 pub mod recv_state;
+pub mod service;
+pub mod session;
 
 pub use keys::CompletionKey;
 pub use receipt::Receipt;

@@ -1,0 +1,36 @@
+//! The plugin's own exports declared in include/pjrt_crosshost.h.
+use std::ffi::CString;
+use std::os::raw::c_char;
+
+use super::bindings::PJRT_Client;
+use super::handles::{borrow, ClientHandle};
+
+/// JSON snapshot of the client's transfer metrics; NULL for a null or
+/// invalid client. Free with `pjrt_crosshost_free_string`.
+#[no_mangle]
+pub extern "C" fn pjrt_crosshost_metrics_json(client: *const PJRT_Client) -> *mut c_char {
+    std::panic::catch_unwind(|| {
+        // SAFETY: null or a live client handle (the tag check rejects others).
+        match unsafe { borrow::<ClientHandle>(client, "pjrt_crosshost_metrics_json", "client") } {
+            Ok(handle) => CString::new(handle.client.metrics_json())
+                .map(CString::into_raw)
+                .unwrap_or(std::ptr::null_mut()),
+            Err(status) => {
+                log::warn!("{status}");
+                std::ptr::null_mut()
+            }
+        }
+    })
+    .unwrap_or(std::ptr::null_mut())
+}
+
+/// Frees a string returned by this plugin. NULL is ignored.
+#[no_mangle]
+pub extern "C" fn pjrt_crosshost_free_string(s: *mut c_char) {
+    if !s.is_null() {
+        let _ = std::panic::catch_unwind(|| {
+            // SAFETY: made by CString::into_raw in this library.
+            drop(unsafe { CString::from_raw(s) });
+        });
+    }
+}

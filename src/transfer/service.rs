@@ -1,0 +1,642 @@
+//! The cross-host protocol of one client: receive destinations and their
+//! descriptors, the send path, v1 cancellation, peer restarts.
+//!
+//! Every receive buffer completes through `recv_state` (one AsyncGet, one
+//! promise, one future per buffer; keys retired after publication). The
+//! sender writes the bytes into the destination first and sets the buffer's
+//! completion key only after they are there. The sender never deletes a
+//! completion key.
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use once_cell::sync::{Lazy, OnceCell};
+use parking_lot::Mutex;
+
+use super::descriptor::{AllocationHandle, Descriptor};
+use super::keys::{descriptor_key, CompletionKey};
+use super::receipt::Receipt;
+use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
+use super::session::Session;
+use crate::backend::shared::SharedHostMemory;
+use crate::backend::{Allocation, MemoryCounters};
+use crate::kv::KeyValueStore;
+use crate::status::{self, Code, Outcome, Result, Status};
+use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
+use crate::transport::auth_token::AuthToken;
+use crate::transport::host_identity::HostIdentity;
+use crate::transport::random::random_u64;
+use crate::transport::shm::SharedRegion;
+use crate::transport::tcp::{tcp_send, TcpReceiveServer};
+
+#[derive(Clone, Debug)]
+pub struct TransferConfig {
+    /// A receive not completed by then is DEADLINE_EXCEEDED (key retired).
+    pub receive_timeout: Duration,
+    /// A send whose destination descriptor or copy takes longer fails.
+    pub send_timeout: Duration,
+    /// Offer only TCP destinations, even to peers on this host.
+    pub force_tcp: bool,
+    /// Address the TCP receive server binds to (port chosen by the OS).
+    pub tcp_bind: IpAddr,
+    /// Threads running lifecycle hops and copies.
+    pub worker_threads: usize,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            receive_timeout: Duration::from_secs(300),
+            send_timeout: Duration::from_secs(300),
+            force_tcp: false,
+            tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            worker_threads: 4,
+        }
+    }
+}
+
+/// Shape of one buffer as the descriptor states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferSpec {
+    pub byte_size: usize,
+    pub element_type: u32,
+    pub dims: Vec<i64>,
+}
+
+/// One receive buffer's memory, readiness event and descriptor.
+pub struct ReceiveDestination {
+    pub memory: Allocation,
+    pub definition: Future,
+    pub descriptor: Vec<u8>,
+}
+
+/// A source buffer for the send path.
+pub struct SendSource {
+    pub memory: Allocation,
+    pub ready: Future,
+    pub spec: BufferSpec,
+    pub global_device_id: i32,
+}
+
+/// Receive destinations of this process, by shared-memory name, so that a
+/// sender in the same process writes them directly instead of mapping them
+/// a second time.
+static LOCAL_REGIONS: Lazy<Mutex<HashMap<String, Weak<SharedRegion>>>> =
+    Lazy::new(Default::default);
+
+struct PendingEntry {
+    receive: PendingReceive,
+    peer_process: Option<i32>,
+}
+
+pub struct TransferService {
+    store: Arc<dyn KeyValueStore>,
+    tracker: Arc<ReceiveTracker>,
+    /// Copies run here, apart from the lifecycle's hops.
+    copies: Arc<AsyncWorkRunner>,
+    timer: DeadlineTimer,
+    metrics: Arc<Metrics>,
+    session: Session,
+    config: TransferConfig,
+    next_v1_transfer: AtomicI64,
+    pending: Mutex<HashMap<String, PendingEntry>>,
+    tcp_server: OnceCell<TcpReceiveServer>,
+    incarnations: Mutex<HashMap<i32, i64>>,
+}
+
+impl TransferService {
+    pub fn new(
+        store: Arc<dyn KeyValueStore>,
+        session: Session,
+        config: TransferConfig,
+    ) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let runner = Arc::new(AsyncWorkRunner::new(
+            "crosshost-lifecycle",
+            config.worker_threads.max(1),
+        ));
+        let tracker = ReceiveTracker::new(
+            store.clone(),
+            runner,
+            metrics.clone(),
+            ReceiveConfig {
+                timeout: Some(config.receive_timeout),
+                retire_keys: true,
+            },
+        );
+        Arc::new(TransferService {
+            store,
+            tracker,
+            copies: Arc::new(AsyncWorkRunner::new(
+                "crosshost-copy",
+                config.worker_threads.max(1),
+            )),
+            timer: DeadlineTimer::new("crosshost-send-deadline"),
+            metrics,
+            session,
+            config,
+            next_v1_transfer: AtomicI64::new(0),
+            pending: Mutex::new(HashMap::new()),
+            tcp_server: OnceCell::new(),
+            incarnations: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Receives whose keys are not retired yet.
+    pub fn outstanding_receives(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    fn tcp_server(&self) -> Result<&TcpReceiveServer> {
+        self.tcp_server
+            .get_or_try_init(|| TcpReceiveServer::bind(SocketAddr::new(self.config.tcp_bind, 0)))
+    }
+
+    // ------------------------------ receive ---------------------------------
+
+    /// v1: the caller routes descriptors itself; the sender is unknown, so
+    /// shared memory is offered (same host) unless TCP is forced.
+    pub fn receive_v1(
+        self: &Arc<Self>,
+        specs: &[BufferSpec],
+        counters: &Arc<MemoryCounters>,
+    ) -> Result<Vec<ReceiveDestination>> {
+        let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
+        let epoch = format!("{}.v1", self.session.epoch);
+        specs
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
+                self.open_destination(spec, key, None, None, self.config.force_tcp, counters)
+            })
+            .collect()
+    }
+
+    /// v2: one destination per buffer, its descriptor published under the
+    /// pair's descriptor key for the sender to pick up.
+    pub fn receive_v2(
+        self: &Arc<Self>,
+        specs: &[BufferSpec],
+        my_device: i32,
+        peers: &[(i32, i64)],
+        incarnations: Option<&[(i32, i64)]>,
+        counters: &Arc<MemoryCounters>,
+    ) -> Result<Vec<ReceiveDestination>> {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
+        if let Some(snapshot) = incarnations {
+            self.observe_incarnations(snapshot);
+        }
+        let me = self.session.process_index;
+        let local_host = HostIdentity::local()?;
+        let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
+        let mut out = Vec::with_capacity(specs.len());
+        for (spec, &(peer_device, transfer_key)) in specs.iter().zip(peers) {
+            let peer = self.remote_process(peer_device, F)?;
+            let epoch =
+                self.pair_epoch(peer_device, my_device, peer.process_index, me, incarnations);
+            let index = occurrences.entry((peer_device, transfer_key)).or_insert(0);
+            let key = CompletionKey::new(&epoch, transfer_key, *index)?;
+            let desc_key = descriptor_key(&epoch, transfer_key, *index)?;
+            *index += 1;
+            let use_tcp = self.config.force_tcp || peer.host != local_host;
+            out.push(self.open_destination(
+                spec,
+                key,
+                Some(desc_key),
+                Some(peer.process_index),
+                use_tcp,
+                counters,
+            )?);
+        }
+        Ok(out)
+    }
+
+    fn remote_process(
+        &self,
+        global_device: i32,
+        function: &str,
+    ) -> Result<super::session::ProcessEntry> {
+        let process = self
+            .session
+            .process_of_device(global_device)
+            .ok_or_else(|| {
+                status::invalid_argument(format!(
+                    "{function}: no device with global id {global_device}"
+                ))
+            })?;
+        if process.process_index == self.session.process_index {
+            return Err(status::invalid_argument(format!(
+                "{function}: device {global_device} is addressable here; cross-host transfers must be \
+                 between an addressable and a non-addressable device"
+            )));
+        }
+        Ok(process.clone())
+    }
+
+    /// The temporal identity of one sender/receiver pair: session epoch, the
+    /// two devices, and the two processes' incarnations when the caller gave
+    /// them (a restarted peer never matches an old key).
+    fn pair_epoch(
+        &self,
+        src: i32,
+        dst: i32,
+        src_process: i32,
+        dst_process: i32,
+        incarnations: Option<&[(i32, i64)]>,
+    ) -> String {
+        let mut epoch = format!("{}.d{src}-{dst}", self.session.epoch);
+        if let Some(snapshot) = incarnations {
+            let find = |task: i32| snapshot.iter().find(|(t, _)| *t == task).map(|(_, i)| *i);
+            if let (Some(a), Some(b)) = (find(src_process), find(dst_process)) {
+                epoch.push_str(&format!(".i{a}-{b}"));
+            }
+        }
+        epoch
+    }
+
+    fn open_destination(
+        self: &Arc<Self>,
+        spec: &BufferSpec,
+        key: CompletionKey,
+        descriptor_key: Option<String>,
+        peer_process: Option<i32>,
+        use_tcp: bool,
+        counters: &Arc<MemoryCounters>,
+    ) -> Result<ReceiveDestination> {
+        let memory = Arc::new(SharedHostMemory::allocate(
+            spec.byte_size,
+            counters.clone(),
+        )?);
+        let region = memory.region().clone();
+        let token = AuthToken::generate()?;
+        let allocation = if use_tcp {
+            let server = self.tcp_server()?;
+            server.register(token, region.clone())?;
+            AllocationHandle::Tcp {
+                endpoint: server.local_addr(),
+            }
+        } else {
+            LOCAL_REGIONS
+                .lock()
+                .insert(region.name().to_string(), Arc::downgrade(&region));
+            AllocationHandle::SharedMemory {
+                name: region.name().to_string(),
+            }
+        };
+        let nonce = random_u64()?;
+        let descriptor = Descriptor {
+            host: HostIdentity::local()?,
+            process_id: std::process::id(),
+            allocation,
+            offset: 0,
+            byte_size: spec.byte_size as u64,
+            element_type: spec.element_type,
+            dims: spec.dims.clone(),
+            completion_key: key.as_str().to_string(),
+            nonce,
+            auth_token: token,
+        }
+        .encode()?;
+        let key_name = key.as_str().to_string();
+        let extra_keys: Vec<String> = descriptor_key.iter().cloned().collect();
+        // Wait first, publish second: the sender can only act on the
+        // descriptor after our AsyncGet is registered.
+        let receive = self.tracker.begin(key, nonce, extra_keys)?;
+        if let Some(desc_key) = &descriptor_key {
+            if let Err(e) = self.store.set(desc_key, &descriptor) {
+                let _ = receive.cancel(Status::new(
+                    e.code,
+                    format!("publishing the descriptor failed: {}", e.message),
+                ));
+                return Err(e);
+            }
+        }
+        self.pending.lock().insert(
+            key_name.clone(),
+            PendingEntry {
+                receive: receive.clone(),
+                peer_process,
+            },
+        );
+        let service = Arc::downgrade(self);
+        let byte_size = spec.byte_size as u64;
+        let definition = receive.future();
+        definition.on_ready(move |outcome| {
+            if let Some(service) = service.upgrade() {
+                service.pending.lock().remove(&key_name);
+                if let Some(server) = service.tcp_server.get() {
+                    server.unregister(&token);
+                }
+                if outcome.is_ok() {
+                    service.metrics.add_bytes_received(byte_size);
+                }
+            }
+            LOCAL_REGIONS.lock().remove(region.name());
+            // The mapping stays (the buffer owns it); only the name goes, so
+            // no process can open the destination any more.
+            if let Err(e) = region.unlink() {
+                log::warn!("unlinking receive destination {}: {e}", region.name());
+            }
+        });
+        Ok(ReceiveDestination {
+            memory,
+            definition,
+            descriptor,
+        })
+    }
+
+    /// v1 cancellation of one descriptor's buffer.
+    pub fn cancel_v1(&self, descriptor: &[u8], reason: Status, function: &str) -> Result<()> {
+        let descriptor = Descriptor::decode(descriptor)
+            .map_err(|e| status::invalid_argument(format!("{function}: {}", e.message)))?;
+        let receive = {
+            let pending = self.pending.lock();
+            let entry = pending.get(&descriptor.completion_key).ok_or_else(|| {
+                status::not_found(format!(
+                    "{function}: no pending receive for this descriptor (unknown, already completed or cancelled)"
+                ))
+            })?;
+            if entry.receive.nonce() != descriptor.nonce {
+                return Err(status::invalid_argument(format!(
+                    "{function}: descriptor nonce does not match the pending receive (stale or forged descriptor)"
+                )));
+            }
+            entry.receive.clone()
+        };
+        receive.cancel(reason)
+    }
+
+    /// Records a task snapshot; a peer whose incarnation changed has
+    /// restarted, so receives waiting on it fail now instead of at the
+    /// deadline.
+    fn observe_incarnations(&self, snapshot: &[(i32, i64)]) {
+        let mut restarted = Vec::new();
+        {
+            let mut known = self.incarnations.lock();
+            for &(task, incarnation) in snapshot {
+                match known.insert(task, incarnation) {
+                    Some(old) if old != incarnation => restarted.push((task, old, incarnation)),
+                    _ => {}
+                }
+            }
+        }
+        for (task, old, new) in restarted {
+            let victims: Vec<PendingReceive> = self
+                .pending
+                .lock()
+                .values()
+                .filter(|e| e.peer_process == Some(task))
+                .map(|e| e.receive.clone())
+                .collect();
+            log::warn!(
+                "peer task {task} restarted (incarnation {old} -> {new}); failing {} receives",
+                victims.len()
+            );
+            for receive in victims {
+                let _ = receive.cancel(status::Status::new(
+                    Code::Aborted,
+                    format!("peer task {task} restarted (incarnation {old} -> {new}) before the transfer completed"),
+                ));
+            }
+        }
+    }
+
+    // -------------------------------- send ----------------------------------
+
+    /// Sends one buffer to the destination a descriptor names. Errors before
+    /// any byte moved (undecodable descriptor) come back at once; everything
+    /// later (mismatch, copy failure) through the returned future, and — when
+    /// the descriptor named a completion key — to the receiver too.
+    pub fn send_to_descriptor(
+        self: &Arc<Self>,
+        source: SendSource,
+        descriptor: &[u8],
+        function: &str,
+    ) -> Result<Future> {
+        let descriptor = Descriptor::decode(descriptor)
+            .map_err(|e| status::invalid_argument(format!("{function}: {}", e.message)))?;
+        let (promise, future) = PromiseOnce::new();
+        self.start_send(source, descriptor, promise, function);
+        Ok(future)
+    }
+
+    fn start_send(
+        self: &Arc<Self>,
+        source: SendSource,
+        descriptor: Descriptor,
+        promise: PromiseOnce,
+        function: &str,
+    ) {
+        let function = function.to_string();
+        if let Err(mismatch) = descriptor.validate_against(
+            source.spec.byte_size as u64,
+            source.spec.element_type,
+            &source.spec.dims,
+        ) {
+            let status = status::invalid_argument(format!("{function}: {}", mismatch.message));
+            let _ = self.publish_receipt(
+                &descriptor,
+                Receipt::Error {
+                    nonce: descriptor.nonce,
+                    status: status.clone(),
+                },
+            );
+            promise.set(Err(status));
+            return;
+        }
+        let service = self.clone();
+        let ready = source.ready.clone();
+        ready.on_ready(move |defined| {
+            let defined = defined.clone();
+            let copies = service.copies.clone();
+            copies.submit(move || {
+                let outcome = defined
+                    .and_then(|()| service.copy_into_destination(&source, &descriptor, &function));
+                let receipt = match &outcome {
+                    Ok(()) => {
+                        service.metrics.add_bytes_sent(source.spec.byte_size as u64);
+                        Receipt::Ok {
+                            nonce: descriptor.nonce,
+                        }
+                    }
+                    Err(status) => Receipt::Error {
+                        nonce: descriptor.nonce,
+                        status: status.clone(),
+                    },
+                };
+                // Bytes first, receipt second: the receiver may read the
+                // destination as soon as it observes the key.
+                let published = service.publish_receipt(&descriptor, receipt);
+                promise.set(outcome.and(published));
+            });
+        });
+    }
+
+    fn publish_receipt(&self, descriptor: &Descriptor, receipt: Receipt) -> Outcome {
+        self.store
+            .set(&descriptor.completion_key, &receipt.encode())
+            .map_err(|e| {
+                log::error!("setting completion key {}: {e}", descriptor.completion_key);
+                Status::new(
+                    e.code,
+                    format!("setting the completion key failed: {}", e.message),
+                )
+            })
+    }
+
+    fn copy_into_destination(
+        &self,
+        source: &SendSource,
+        descriptor: &Descriptor,
+        function: &str,
+    ) -> Outcome {
+        match &descriptor.allocation {
+            AllocationHandle::SharedMemory { name } => {
+                if !descriptor.host.is_local()? {
+                    return Err(status::failed_precondition(format!(
+                        "{function}: the destination is shared memory on host {}; this sender is on another \
+                         host (create the receiving client with transport=tcp)",
+                        descriptor.host.hostname
+                    )));
+                }
+                let local = LOCAL_REGIONS.lock().get(name).and_then(Weak::upgrade);
+                let (region, offset) = match local {
+                    Some(region) => (region, descriptor.offset as usize),
+                    None => (
+                        Arc::new(SharedRegion::open(
+                            name,
+                            descriptor.offset,
+                            descriptor.byte_size,
+                        )?),
+                        0,
+                    ),
+                };
+                source
+                    .memory
+                    .read_with(&mut |bytes| region.write_at(offset, bytes))
+            }
+            AllocationHandle::Tcp { endpoint } => source.memory.read_with(&mut |bytes| {
+                tcp_send(
+                    *endpoint,
+                    &descriptor.auth_token,
+                    descriptor.offset,
+                    bytes,
+                    self.config.send_timeout,
+                )
+            }),
+            AllocationHandle::InProcess { .. } | AllocationHandle::CudaIpc { .. } => {
+                Err(status::unimplemented(format!(
+                    "{function}: destination transport {:?} is not offered by the host backend",
+                    descriptor.transport_kind()
+                )))
+            }
+        }
+    }
+
+    /// v2: each buffer waits for its destination's descriptor under the
+    /// pair's descriptor key, then goes out through `start_send`.
+    pub fn send_v2(
+        self: &Arc<Self>,
+        sources: Vec<SendSource>,
+        destinations: &[i32],
+        transfer_keys: &[i64],
+        incarnations: Option<&[(i32, i64)]>,
+    ) -> Result<Vec<Future>> {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        if let Some(snapshot) = incarnations {
+            self.observe_incarnations(snapshot);
+        }
+        let me = self.session.process_index;
+        // Check every buffer before starting any, so a bad argument leaves
+        // nothing half-sent.
+        let mut plan = Vec::with_capacity(sources.len());
+        let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
+        for (source, (&dst, &key)) in sources.iter().zip(destinations.iter().zip(transfer_keys)) {
+            let peer = self.remote_process(dst, F)?;
+            let epoch = self.pair_epoch(
+                source.global_device_id,
+                dst,
+                me,
+                peer.process_index,
+                incarnations,
+            );
+            let index = occurrences.entry((dst, key)).or_insert(0);
+            plan.push(descriptor_key(&epoch, key, *index)?);
+            *index += 1;
+        }
+        let mut futures = Vec::with_capacity(plan.len());
+        for (source, desc_key) in sources.into_iter().zip(plan) {
+            futures.push(self.send_when_described(source, desc_key));
+        }
+        Ok(futures)
+    }
+
+    fn send_when_described(self: &Arc<Self>, source: SendSource, desc_key: String) -> Future {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        let (promise, future) = PromiseOnce::new();
+        let slot = Arc::new(Mutex::new(Some(source)));
+        let service = self.clone();
+        let on_descriptor = {
+            let promise = promise.clone();
+            let slot = slot.clone();
+            let desc_key = desc_key.clone();
+            move |value: Result<Vec<u8>>| {
+                let Some(source) = slot.lock().take() else {
+                    return;
+                };
+                let started = value.and_then(|bytes| {
+                    Descriptor::decode(&bytes).map_err(|e| {
+                        status::invalid_argument(format!(
+                            "{F}: descriptor at {desc_key}: {}",
+                            e.message
+                        ))
+                    })
+                });
+                match started {
+                    Ok(descriptor) => service.start_send(source, descriptor, promise, F),
+                    Err(status) => {
+                        promise.set(Err(status));
+                    }
+                }
+            }
+        };
+        let waiter = match self.store.async_get(&desc_key, Box::new(on_descriptor)) {
+            Ok(id) => id,
+            Err(e) => {
+                promise.set(Err(Status::new(
+                    e.code,
+                    format!("{F}: waiting for the descriptor: {}", e.message),
+                )));
+                return future;
+            }
+        };
+        let store = self.store.clone();
+        let timeout = self.config.send_timeout;
+        let timer_id = self.timer.schedule_after(timeout, move || {
+            if slot.lock().take().is_some() {
+                store.cancel_async_get(&desc_key, waiter);
+                promise.set(Err(status::deadline_exceeded(format!(
+                    "{F}: the receiver's descriptor ({desc_key}) did not arrive within {timeout:?}"
+                ))));
+            }
+        });
+        let service = Arc::downgrade(self);
+        future.on_ready(move |_| {
+            if let Some(service) = service.upgrade() {
+                service.timer.cancel(timer_id);
+            }
+        });
+        future
+    }
+}
