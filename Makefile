@@ -13,7 +13,7 @@ build: setup
 	cargo build --release
 
 test: setup build
-	cargo test
+	cargo test --release
 	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) -m pytest python_tests -q
 
 demo: setup build

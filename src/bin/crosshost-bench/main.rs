@@ -1,0 +1,320 @@
+//! crosshost-bench: the project's main job. Drives the plugin only through
+//! its C API (dlopen + GetPjrtApi), like a real runtime, and measures
+//! cross-process transfers on this host against memcpy measured in the same
+//! run, with the targets of DESIGN.md §10 beside the figures.
+//!
+//! With no flags: the parent (node 0, sender) owns the KV store and serves
+//! the child (node 1, receiver) over a Unix socket; both hand it to the
+//! plugin through the PJRT KV callbacks plus the delete extension.
+mod ffi_client;
+mod kv;
+mod stats;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
+use kv::{CallbackTarget, LocalStore, RemoteStore};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+struct Case {
+    bytes: usize,
+    batch: usize,
+    repeats: usize,
+}
+
+fn cases(quick: bool) -> Vec<Case> {
+    let c = |bytes, batch, repeats| Case {
+        bytes,
+        batch,
+        repeats,
+    };
+    if quick {
+        return vec![c(4 << 10, 1, 3), c(1 << 20, 8, 2), c(16 << 20, 1, 2)];
+    }
+    vec![
+        c(4 << 10, 1, 31),
+        c(4 << 10, 64, 7),
+        c(64 << 10, 1, 15),
+        c(64 << 10, 64, 5),
+        c(1 << 20, 1, 15),
+        c(1 << 20, 64, 5),
+        c(16 << 20, 1, 5),
+        c(16 << 20, 16, 3),
+        c(64 << 20, 1, 3),
+        c(256 << 20, 1, 3),
+    ]
+}
+
+fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+        .collect()
+}
+
+fn library_path(explicit: Option<String>) -> String {
+    if let Some(p) = explicit {
+        return p;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .expect("exe dir")
+        .join("libpjrt_crosshost.so")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn job_options(node: i64, session: &str) -> Vec<(&'static str, OptionValue)> {
+    vec![
+        ("num_devices", OptionValue::Int(1)),
+        ("node_id", OptionValue::Int(node)),
+        ("num_nodes", OptionValue::Int(2)),
+        ("session", OptionValue::Str(session.to_string())),
+        ("receive_timeout_ms", OptionValue::Int(60_000)),
+        ("send_timeout_ms", OptionValue::Int(60_000)),
+        ("session_timeout_ms", OptionValue::Int(60_000)),
+    ]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let result = if let Some(socket) = flag("--child") {
+        run_child(
+            &library_path(flag("--lib")),
+            &socket,
+            flag("--session").unwrap_or_default(),
+        )
+    } else if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("usage: crosshost-bench [--quick] [--lib PATH]\n  two-process transfer benchmark (see README)");
+        Ok(())
+    } else {
+        run_parent(
+            &library_path(flag("--lib")),
+            args.iter().any(|a| a == "--quick"),
+        )
+    };
+    if let Err(e) = result {
+        eprintln!("crosshost-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+// ---------------------------------- child -----------------------------------
+
+fn run_child(lib: &str, socket: &str, session: String) -> Result<()> {
+    let plugin = Plugin::load(lib)?;
+    let target = Box::new(CallbackTarget(Arc::new(RemoteStore::new(
+        std::path::Path::new(socket),
+    ))));
+    let client = plugin.create_client(&job_options(1, &session), Some(&kv::callbacks(&target)))?;
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["recv", bytes, batch, key_base, seed] => {
+                let parse = |s: &str| s.parse::<usize>().map_err(|e| e.to_string());
+                let (bytes, batch, key_base, seed) =
+                    (parse(bytes)?, parse(batch)?, parse(key_base)?, parse(seed)?);
+                let keys: Vec<i64> = (0..batch).map(|i| (key_base + i) as i64).collect();
+                let buffers = client.receive(0, &vec![bytes; batch], 0, &keys)?;
+                let events = buffers
+                    .iter()
+                    .map(|b| client.ready_event(b))
+                    .collect::<Result<Vec<_>>>()?;
+                let times = client.watch(events)?;
+                writeln!(out, "armed").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                let ready = times.wait(WAIT)?;
+                // Check every byte, outside the timed part.
+                let expected = pattern(bytes, seed);
+                let mut got = vec![0u8; bytes];
+                for b in &buffers {
+                    client.to_host(b, &mut got)?;
+                    if got != expected {
+                        return Err("received bytes differ from what was sent".into());
+                    }
+                }
+                drop(buffers);
+                let list: Vec<String> = ready.iter().map(u64::to_string).collect();
+                writeln!(out, "ready {}", list.join(" ")).map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+            }
+            ["metrics"] => {
+                writeln!(out, "metrics {}", client.metrics_json()).map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+            }
+            ["quit"] => break,
+            _ => return Err(format!("child: unknown command {line:?}")),
+        }
+    }
+    Ok(())
+}
+
+// --------------------------------- parent -----------------------------------
+
+struct ChildLink {
+    child: Child,
+    reader: BufReader<std::process::ChildStdout>,
+}
+
+impl ChildLink {
+    fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self.child.stdin.as_mut().ok_or("child stdin closed")?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("to child: {e}"))
+    }
+
+    fn expect(&mut self, word: &str) -> Result<String> {
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let rest = line
+            .trim_end()
+            .strip_prefix(word)
+            .ok_or_else(|| format!("child said {line:?}, expected {word}"))?;
+        Ok(rest.trim().to_string())
+    }
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        let _ = self.send("quit");
+        if self.child.wait_timeout_or_kill() {
+            log_line("child did not exit; killed");
+        }
+    }
+}
+
+trait WaitOrKill {
+    fn wait_timeout_or_kill(&mut self) -> bool;
+}
+
+impl WaitOrKill for Child {
+    fn wait_timeout_or_kill(&mut self) -> bool {
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.try_wait() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.kill();
+        let _ = self.wait();
+        true
+    }
+}
+
+fn log_line(s: &str) {
+    eprintln!("crosshost-bench: {s}");
+}
+
+fn run_parent(lib: &str, quick: bool) -> Result<()> {
+    let plugin = Plugin::load(lib)?;
+    let store = Arc::new(LocalStore::default());
+    let dir = std::env::temp_dir().join(format!("crosshost-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("kv.sock");
+    kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
+    let session = format!("bench-{}", std::process::id());
+
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args([
+            "--child",
+            socket.to_str().unwrap(),
+            "--lib",
+            lib,
+            "--session",
+            &session,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawning the receiver process: {e}"))?;
+    let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
+    let mut link = ChildLink { child, reader };
+
+    let target = Box::new(CallbackTarget(store.clone()));
+    let client = plugin.create_client(&job_options(0, &session), Some(&kv::callbacks(&target)))?;
+    let my_device = client.addressable_device_ids()?[0];
+    let peer_device = my_device + 1;
+
+    println!(
+        "pjrt-crosshost benchmark: two processes on this host, v2 CrossHostSend/ReceiveBuffers,"
+    );
+    println!(
+        "KV store owned by the parent (served to the child over a Unix socket), host backend.\n"
+    );
+    let memcpy = stats::measure_memcpy(if quick { 16 << 20 } else { 256 << 20 });
+    let mut rows = Vec::new();
+    let mut key_base = 0usize;
+    for (n, case) in cases(quick).iter().enumerate() {
+        let data = pattern(case.bytes, n);
+        let sources = (0..case.batch)
+            .map(|_| client.buffer_from_host(&data, 0))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&ffi_client::Buffer> = sources.iter().collect();
+        let mut totals = Vec::new();
+        let mut notify = Vec::new();
+        for _ in 0..case.repeats {
+            link.send(&format!(
+                "recv {} {} {} {}",
+                case.bytes, case.batch, key_base, n
+            ))?;
+            link.expect("armed")?;
+            let keys: Vec<i64> = (0..case.batch).map(|i| (key_base + i) as i64).collect();
+            key_base += case.batch;
+            let t0 = monotonic_ns();
+            let events = client.send(&refs, peer_device, &keys)?;
+            let sent = client.watch(events)?.wait(WAIT)?;
+            let ready: Vec<u64> = link
+                .expect("ready")?
+                .split_whitespace()
+                .map(|w| w.parse::<u64>().map_err(|e| e.to_string()))
+                .collect::<Result<_>>()?;
+            let last = *ready.iter().max().unwrap();
+            totals.push(last.saturating_sub(t0));
+            for (r, s) in ready.iter().zip(&sent) {
+                notify.push(*r as i64 - *s as i64);
+            }
+        }
+        rows.push(stats::Row::new(case.bytes, case.batch, &totals, &notify));
+    }
+    link.send("metrics")?;
+    let child_metrics = link.expect("metrics")?;
+    drop(link);
+    let parent_metrics = client.metrics_json();
+    drop(client);
+    let keys = store.keys();
+    let transfer_keys = keys
+        .iter()
+        .filter(|k| k.starts_with("crosshost/recv/") || k.starts_with("crosshost/desc/"))
+        .count();
+    let in_process = stats::in_process_latency(&plugin, quick)?;
+    stats::print_report(
+        &rows,
+        &memcpy,
+        &in_process,
+        &stats::KvReport {
+            transfer_keys_left: transfer_keys,
+            other_keys_left: keys.len() - transfer_keys,
+            served: store.served.load(std::sync::atomic::Ordering::Relaxed),
+            serving_ns: store.serving_ns.load(std::sync::atomic::Ordering::Relaxed),
+            receiver_metrics: child_metrics,
+            sender_metrics: parent_metrics,
+        },
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
