@@ -326,6 +326,35 @@ fn cancel_wake_up_failure_keeps_the_future_cancelled_reports_the_failure_and_ret
 }
 
 #[test]
+fn cancel_racing_the_senders_receipt_on_a_no_overwrite_store_reports_already_exists_and_retires_once(
+) {
+    let h = Harness::over(
+        Arc::new(MemoryStore::with_overwrite(false)),
+        ReceiveConfig::default(),
+    );
+    let k = key(6, 1);
+    let rx = h.tracker.begin(k.clone(), 8, vec![]).unwrap();
+    // Hold the runner so that the receipt's callback is queued, not run.
+    let (release, held) = bounded::<()>(0);
+    h.runner.submit(move || held.recv().unwrap());
+    h.store.set(k.as_str(), &ok(8)).unwrap();
+    assert_eq!(h.mem.waiter_count(), 0, "the receipt fired the AsyncGet");
+    // Cancel wins the outcome; its wake-up set meets the sender's receipt.
+    let err = rx.cancel(status::cancelled("user")).unwrap_err();
+    assert_eq!(err.code, Code::AlreadyExists);
+    assert_eq!(rx.future().try_get(), Some(Err(status::cancelled("user"))));
+    release.send(()).unwrap();
+    assert_eq!(wait_retired(&rx), Ok(()));
+    assert_eq!(
+        h.store.calls_for(Op::Delete, k.as_str()),
+        1,
+        "retired exactly once"
+    );
+    assert!(h.mem.is_empty());
+    assert_eq!(wait(&rx.future()), Err(status::cancelled("user")));
+}
+
+#[test]
 fn begin_on_an_unavailable_store_fails_clearly_and_leaves_nothing_behind() {
     let h = Harness::new(ReceiveConfig {
         timeout: Some(Duration::from_secs(3600)),
