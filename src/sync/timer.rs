@@ -129,7 +129,10 @@ fn run(shared: &Shared) {
         if !due.is_empty() {
             drop(entries);
             for callback in due {
-                callback();
+                let run = std::panic::AssertUnwindSafe(callback);
+                if std::panic::catch_unwind(run).is_err() {
+                    log::error!("DeadlineTimer: a callback panicked; the timer keeps running");
+                }
             }
             entries = shared.entries.lock();
             continue;

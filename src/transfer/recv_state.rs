@@ -40,7 +40,10 @@
 //! instead. If the waiter is being re-armed at that moment (no id yet), the
 //! re-arm sees `retire_when_registered` and retires it as soon as the store
 //! hands out the id. Either way no waiter, no tracker entry and no timer
-//! entry outlive the receive.
+//! entry outlive the receive. On a store that cannot overwrite, a cancel that
+//! races the sender's receipt gets ALREADY_EXISTS from the wake-up `set`: it
+//! is reported like any wake-up failure (the buffer is cancelled; the waiter,
+//! already woken by the receipt, retires the keys).
 //!
 //! Stale receipts (rule 6): a value whose nonce is not ours (or that does
 //! not decode) never completes the buffer. It is counted, and the wait is
