@@ -97,6 +97,7 @@ impl Client {
                 send_timeout: options.send_timeout,
                 force_tcp: options.force_tcp,
                 tcp_bind: options.tcp_bind,
+                shm_pool_bytes: options.shm_pool_bytes,
                 ..TransferConfig::default()
             },
         );

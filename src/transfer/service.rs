@@ -29,6 +29,7 @@ use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 use crate::transport::shm::SharedRegion;
+use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
 use crate::transport::tcp::{tcp_send, TcpReceiveServer};
 
 #[derive(Clone, Debug)]
@@ -43,7 +44,13 @@ pub struct TransferConfig {
     pub tcp_bind: IpAddr,
     /// Threads running lifecycle hops and copies.
     pub worker_threads: usize,
+    /// Upper bound of the receiver's pool of pre-faulted shared-memory
+    /// segments (0: every destination gets a fresh region).
+    pub shm_pool_bytes: usize,
 }
+
+/// Pooled segments are this large; bigger destinations get their own region.
+pub const SHM_SEGMENT_BYTES: usize = 256 << 20;
 
 impl Default for TransferConfig {
     fn default() -> Self {
@@ -53,6 +60,7 @@ impl Default for TransferConfig {
             force_tcp: false,
             tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             worker_threads: 4,
+            shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
         }
     }
 }
@@ -104,6 +112,7 @@ pub struct TransferService {
     pending: Mutex<HashMap<String, PendingEntry>>,
     tcp_server: OnceCell<TcpReceiveServer>,
     incarnations: Mutex<HashMap<i32, i64>>,
+    pool: ShmPool,
 }
 
 impl TransferService {
@@ -136,11 +145,16 @@ impl TransferService {
             timer: DeadlineTimer::new("crosshost-send-deadline"),
             metrics,
             session,
-            config,
             next_v1_transfer: AtomicI64::new(0),
             pending: Mutex::new(HashMap::new()),
             tcp_server: OnceCell::new(),
             incarnations: Mutex::new(HashMap::new()),
+            pool: ShmPool::new(ShmPoolConfig {
+                segment_len: SHM_SEGMENT_BYTES,
+                max_segments: config.shm_pool_bytes / SHM_SEGMENT_BYTES,
+            })
+            .expect("segment length is a positive multiple of the page size"),
+            config,
         })
     }
 
@@ -274,32 +288,33 @@ impl TransferService {
         use_tcp: bool,
         counters: &Arc<MemoryCounters>,
     ) -> Result<ReceiveDestination> {
-        let memory = Arc::new(SharedHostMemory::allocate(
-            spec.byte_size,
+        let memory = Arc::new(SharedHostMemory::new(
+            self.pool.allocate(spec.byte_size)?,
             counters.clone(),
-        )?);
-        let region = memory.region().clone();
+        ));
+        let lease = memory.lease().clone();
         let token = AuthToken::generate()?;
-        let allocation = if use_tcp {
+        let (allocation, offset) = if use_tcp {
             let server = self.tcp_server()?;
-            server.register(token, region.clone())?;
-            AllocationHandle::Tcp {
-                endpoint: server.local_addr(),
-            }
+            server.register(token, lease.clone())?;
+            let endpoint = server.local_addr();
+            (AllocationHandle::Tcp { endpoint }, 0)
         } else {
-            LOCAL_REGIONS
-                .lock()
-                .insert(region.name().to_string(), Arc::downgrade(&region));
-            AllocationHandle::SharedMemory {
-                name: region.name().to_string(),
+            let region = lease.region();
+            let mut local = LOCAL_REGIONS.lock();
+            if local.len() > 64 {
+                local.retain(|_, r| r.strong_count() > 0);
             }
+            local.insert(region.name().to_string(), Arc::downgrade(region));
+            let name = region.name().to_string();
+            (AllocationHandle::SharedMemory { name }, lease.offset())
         };
         let nonce = random_u64()?;
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
             allocation,
-            offset: 0,
+            offset,
             byte_size: spec.byte_size as u64,
             element_type: spec.element_type,
             dims: spec.dims.clone(),
@@ -342,11 +357,18 @@ impl TransferService {
                     service.metrics.add_bytes_received(byte_size);
                 }
             }
-            LOCAL_REGIONS.lock().remove(region.name());
-            // The mapping stays (the buffer owns it); only the name goes, so
-            // no process can open the destination any more.
-            if let Err(e) = region.unlink() {
-                log::warn!("unlinking receive destination {}: {e}", region.name());
+            if outcome.is_err() {
+                // Ended without the sender's acknowledgement: a late write
+                // may still come, so the range must never be handed out again.
+                lease.quarantine_on_drop();
+            }
+            // A dedicated region's name goes now (the buffer keeps the
+            // mapping); pooled segments stay linked while the pool lives.
+            if let Err(e) = lease.unlink_if_dedicated() {
+                log::warn!(
+                    "unlinking receive destination {}: {e}",
+                    lease.segment_name()
+                );
             }
         });
         Ok(ReceiveDestination {

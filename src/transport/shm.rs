@@ -110,6 +110,22 @@ impl SharedRegion {
         SharedRegion::open_with(name, offset, len, true)
     }
 
+    /// Maps a whole existing object (pre-faulted), for senders that keep
+    /// the mapping of a receiver's pooled segment across transfers.
+    pub fn open_whole(name: &str) -> Result<SharedRegion> {
+        validate_shm_name(name)?;
+        let c_name = CString::new(name).expect("validated names contain no NUL");
+        // SAFETY: `c_name` is a valid NUL-terminated string for the call.
+        let raw = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
+            return SharedRegion::open_with(name, 0, 0, true);
+        }
+        let descriptor = OwnedFd(raw);
+        let len = file_size(&descriptor, name)?;
+        drop(descriptor);
+        SharedRegion::open_with(name, 0, len, true)
+    }
+
     /// `open`, choosing whether to pre-fault the mapping.
     pub fn open_with(name: &str, offset: u64, len: u64, prefault: bool) -> Result<SharedRegion> {
         validate_shm_name(name)?;

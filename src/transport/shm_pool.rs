@@ -15,6 +15,7 @@
 //! `ShmLease::quarantine` so their range is never reused.
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -173,6 +174,7 @@ impl ShmPool {
                 segment_index,
                 carved_len,
             },
+            quarantined: AtomicBool::new(false),
         })
     }
 
@@ -191,6 +193,7 @@ impl ShmPool {
             offset: 0,
             len,
             origin: LeaseOrigin::Dedicated,
+            quarantined: AtomicBool::new(false),
         })
     }
 }
@@ -238,6 +241,8 @@ pub struct ShmLease {
     offset: usize,
     len: usize,
     origin: LeaseOrigin,
+    /// Set by `quarantine_on_drop`: the range is retired, not recycled.
+    quarantined: AtomicBool,
 }
 
 impl ShmLease {
@@ -267,6 +272,33 @@ impl ShmLease {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         self.region.read_at(self.offset + offset, out)
+    }
+
+    /// Marks the lease so that dropping it retires its range instead of
+    /// recycling it (for a lease shared with in-flight users, where
+    /// `quarantine(self)` cannot take it).
+    pub fn quarantine_on_drop(&self) {
+        self.quarantined.store(true, Ordering::Release);
+    }
+
+    /// Whether the range belongs to a pooled segment (whose name stays
+    /// linked while the pool lives) rather than a dedicated region.
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.origin, LeaseOrigin::Pooled { .. })
+    }
+
+    /// Unlinks a dedicated region's name once no sender needs to open it;
+    /// pooled segments keep their names (a no-op for them).
+    pub fn unlink_if_dedicated(&self) -> Result<()> {
+        match self.origin {
+            LeaseOrigin::Dedicated => self.region.unlink(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The segment (or dedicated region) this lease lives in.
+    pub fn region(&self) -> &Arc<SharedRegion> {
+        &self.region
     }
 
     /// Retires the lease without recycling its range (for receives that
@@ -312,6 +344,17 @@ unsafe impl WritableDestination for ShmLease {
 
 impl Drop for ShmLease {
     fn drop(&mut self) {
+        if self.quarantined.load(Ordering::Acquire) {
+            if let LeaseOrigin::Pooled {
+                pool, carved_len, ..
+            } = std::mem::replace(&mut self.origin, LeaseOrigin::Retired)
+            {
+                let mut state = pool.state.lock();
+                state.stats.leased_bytes -= carved_len;
+                state.stats.quarantined_bytes += carved_len;
+            }
+            return;
+        }
         if let LeaseOrigin::Pooled {
             pool,
             segment_index,
