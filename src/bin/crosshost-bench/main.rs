@@ -8,6 +8,7 @@
 //! plugin through the PJRT KV callbacks plus the delete extension.
 mod ffi_client;
 mod kv;
+mod staggered;
 mod stats;
 
 use std::io::{BufRead, BufReader, Write};
@@ -383,11 +384,13 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
         .filter(|k| k.starts_with("crosshost/recv/") || k.starts_with("crosshost/desc/"))
         .count();
     let in_process = stats::in_process_latency(&plugin, quick)?;
+    let staggered = staggered::measure(if quick { 5 } else { 21 });
     stats::print_report(
         &rows,
         &unpooled,
         &memcpy,
         &in_process,
+        &staggered,
         &stats::KvReport {
             transfer_keys_left: transfer_keys,
             other_keys_left: keys.len() - transfer_keys,

@@ -158,6 +158,7 @@ pub fn print_report(
     unpooled: &Row,
     memcpy: &Memcpy,
     local: &InProcess,
+    staggered: &crate::staggered::Staggered,
     kv: &KvReport,
 ) {
     println!(
@@ -194,6 +195,10 @@ pub fn print_report(
     );
     println!("\nrdy = receiver's buffer ready minus the sender's send event for the same buffer (completion key set → buffer ready, across processes).");
     println!("\nin-process (two clients, shared memory store), 4 KiB x1 over {} runs: send → ready p50 {:.1} µs; key set → ready p50 {:.1} µs", local.runs, local.total_p50_us, local.notify_p50_us);
+    println!(
+        "\nstaggered senders (8 buffers completing last-to-first, 1 ms apart, {} rounds): worst buffer ready after its own completion: per-buffer lifecycle {:.1} µs, old sequential waits {:.1} µs",
+        staggered.rounds, staggered.lifecycle_worst_us, staggered.sequential_worst_us
+    );
     println!("\nKV store (owned by the benchmark): transfer keys left {}, session keys left {}; {} requests served for the child, {:.1} ms spent serving them (blocking waits excluded)",
         kv.transfer_keys_left, kv.other_keys_left, kv.served, kv.serving_ns as f64 / 1e6);
     println!(
