@@ -186,7 +186,9 @@ impl TransferService {
         counters: &Arc<MemoryCounters>,
     ) -> Result<Vec<ReceiveDestination>> {
         let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
-        let epoch = format!("{}.v1", self.session.epoch);
+        // Each receiving process numbers its own v1 transfers: its index
+        // keeps two receivers of one session from sharing key names.
+        let epoch = format!("{}.v1.p{}", self.session.epoch, self.session.process_index);
         specs
             .iter()
             .enumerate()
