@@ -9,10 +9,14 @@ Wire format (localhost TCP, one request per round trip, any number of
 requests per connection):
 
   request:  op (1 byte) | key length u32 | key | value length u32 | value | timeout_ms i32
-  response: status (1 byte: 0 ok, 1 not found / timed out, 2 refused) | length u32 | payload
+  response: status (1 byte: 0 ok, 1 not found / timed out, 2 refused,
+            3 failed on purpose) | length u32 | payload
 
 ops: P put, G get (blocks up to timeout_ms), T try_get, D delete, K keys
 (payload: keys joined by "\\n", value = prefix filter).
+
+``KvServer.fail_ops`` (a set of op letters) makes those ops fail with
+status 3, to simulate a store that errors (e.g. deletes that fail).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import struct
 import threading
 import time
 
-OK, MISSING, REFUSED = 0, 1, 2
+OK, MISSING, REFUSED, FAILED = 0, 1, 2, 3
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -44,6 +48,8 @@ class KvServer:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.ops = {"P": 0, "G": 0, "T": 0, "D": 0, "K": 0}
+        self.fail_ops: set[str] = set()
+        self.failed = {}
         server = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -77,6 +83,9 @@ class KvServer:
     def _apply(self, op: str, key: str, value: bytes, timeout_ms: int):
         with self.cond:
             self.ops[op] = self.ops.get(op, 0) + 1
+            if op in self.fail_ops:
+                self.failed[op] = self.failed.get(op, 0) + 1
+                return FAILED, f"store op {op} on {key} failed (test-injected)".encode()
             if op == "P":
                 if not self.allow_overwrite and key in self.data:
                     return REFUSED, f"key {key} exists".encode()
@@ -108,6 +117,10 @@ class KvServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class KvStoreError(RuntimeError):
+    """The server failed the operation on purpose (KvServer.fail_ops)."""
 
 
 class KvClient:
@@ -146,6 +159,8 @@ class KvClient:
             except OSError:
                 pass
             raise
+        if status == FAILED:
+            raise KvStoreError(payload.decode())
         return status, payload
 
     def put(self, key: str, value: bytes) -> str | None:

@@ -126,11 +126,25 @@ def v1_peer(api, xh, client, ch):
         th.assert_same_bytes(th.read_back(b, s), th.make_data(s, V1_SEED_0 + i), f"v1 buf {i}")
 
 
+STALE_SPEC = th.spec(BT.S32, 4096)
+STALE_SEED = 321
+
+
+def send_on_go_peer(api, xh, client, ch):
+    """Waits for the test's "go", then sends STALE_SPEC from device 2 to
+    device 0 under transfer key 1."""
+    ch.get("go", 30)
+    d2 = client.addressable_devices()[0]
+    src = th.upload(client, d2, STALE_SPEC, th.make_data(STALE_SPEC, STALE_SEED))
+    (ev,) = xh.send(client, [src], [0], [1])
+    th.expect_ok(th.wait_event(ev), "peer send")
+
+
 def idle_peer(api, xh, client, ch):
     time.sleep(120)  # the test SIGKILLs us
 
 
-SCENARIOS = {"v2": v2_peer, "v1": v1_peer, "idle": idle_peer}
+SCENARIOS = {"v2": v2_peer, "v1": v1_peer, "idle": idle_peer, "send_on_go": send_on_go_peer}
 
 
 def main(cfg: dict) -> int:

@@ -264,3 +264,94 @@ def test_multi_node_without_kv_callbacks_or_store_is_invalid_argument(api):
     with pytest.raises(pc.PjrtError) as e:
         api.create_client({"num_nodes": 2, "node_id": 0, "session": th.unique("x")})
     assert e.value.code == EC.INVALID_ARGUMENT
+
+
+def test_receiver_process_killed_gives_the_sender_deadline_exceeded(xh, job_factory):
+    job = job_factory("idle", options={"send_timeout_ms": 1000})
+    c = job.client
+    s = th.spec(BT.U8, 4096)
+    src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 3))
+    t0 = time.monotonic()
+    job.kill()
+    (ev,) = xh.send(c, [src], [2], [9])
+    th.expect_code(th.wait_event(ev, timeout=10), EC.DEADLINE_EXCEEDED, "send event")
+    assert time.monotonic() - t0 < 5
+
+
+def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, server):
+    """DESIGN §3 rule 6: a value at the completion key whose nonce does not
+    match (a receipt from an earlier job or a forger) is rejected and
+    counted; the real sender's receipt still completes the buffer."""
+    job = job_factory("send_on_go")
+    c = job.client
+    d0 = c.addressable_devices()[0]
+    s = peer.STALE_SPEC
+    (buf,) = xh.receive(c, d0, [s], [2], [1])
+    epoch = server.keys(f"crosshost/session/{job.session}/epoch")
+    assert epoch, server.keys("crosshost/")
+    epoch = job.kv.try_get(epoch[0]).decode()
+    key = f"crosshost/recv/{epoch}.d2-0/1/0"
+    desc = plugin_keys(server, f"{epoch}.d2-0/1/0")
+    assert any(k.startswith("crosshost/desc/") for k in desc), (key, server.keys("crosshost/"))
+    before = th.metrics(c)["stale_receipts_rejected"]
+    for forged in (b"xr1 ok 123456789abcdef", b"xr1 err 42 13 forged failure", b"xr1 cancel 7"):
+        assert job.kv.put(key, forged) is None
+        got = th.poll_until(
+            lambda: th.metrics(c)["stale_receipts_rejected"] > before, timeout=5
+        )
+        assert got, f"forged receipt {forged!r} not counted as stale: {th.metrics(c)}"
+        before = th.metrics(c)["stale_receipts_rejected"]
+        assert not th.is_buffer_ready(buf), f"forged receipt {forged!r} completed the buffer"
+    job.ch.put("go", b"1")
+    th.expect_ok(th.buffer_status(buf), "buffer after the real send")
+    th.assert_same_bytes(th.read_back(buf, s), th.make_data(s, peer.STALE_SEED), "stale test")
+    job.result("send_on_go")
+    th.wait_keys_retired(c)
+    assert th.poll_until(lambda: not plugin_keys(server, f"{epoch}.d2-0/"), 5), plugin_keys(server)
+    job.finish()
+
+
+def test_failed_deletes_keep_the_transfer_status_and_are_counted(xh, job_factory, server):
+    """DESIGN §3 / §7 delete failure: the buffer's status is what the
+    transfer decided (OK, right bytes); the failed deletes are counted and
+    the keys stay in the store."""
+    job = job_factory("send_on_go")
+    c = job.client
+    s = peer.STALE_SPEC
+    (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+    server.fail_ops = {"D"}
+    try:
+        job.ch.put("go", b"1")
+        th.expect_ok(th.buffer_status(buf), "buffer with failing deletes")
+        th.assert_same_bytes(th.read_back(buf, s), th.make_data(s, peer.STALE_SEED), "bytes")
+        job.result("send_on_go")
+        m = th.poll_until(
+            lambda: (lambda m: m if m["delete_failures"] >= 2 else None)(th.metrics(c)), 5
+        ) or th.metrics(c)
+        assert m["delete_failures"] == 2, m  # completion key + descriptor key
+        assert m["keys_deleted"] == 0 and m["keys_outstanding"] == 2, m
+        assert len(plugin_keys(server, ".d2-0/1/0")) == 2, server.keys("crosshost/")
+        th.expect_ok(th.buffer_status(buf), "status unchanged after the failed deletes")
+    finally:
+        server.fail_ops = set()
+    job.finish()
+
+
+@pytest.mark.isolated
+def test_a_store_that_fails_every_read_still_ends_the_receive_by_its_deadline(xh, job_factory, server):
+    timeout_ms = 1000
+    job = job_factory("idle", options={"receive_timeout_ms": timeout_ms})
+    c = job.client
+    s = th.spec(BT.F32, 16)
+    server.fail_ops = {"G", "T"}
+    try:
+        t0 = time.monotonic()
+        (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+        st = th.buffer_status(buf, timeout=10)
+        elapsed = time.monotonic() - t0
+        assert st is not None, "receive succeeded with no sender and a failing store"
+        assert st.code in (EC.DEADLINE_EXCEEDED, EC.UNAVAILABLE), st
+        assert elapsed < timeout_ms / 1000 + 3, f"{elapsed:.2f}s"
+    finally:
+        server.fail_ops = set()
+    th.wait_keys_retired(c)

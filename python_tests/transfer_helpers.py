@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pjrt_ctypes as pc
+from kv_server import KvStoreError
 
 WAIT = 20.0  # default bound (s) for any single wait in these tests
 
@@ -553,6 +554,7 @@ class PjrtKvCallbacks:
         self._lock = threading.Lock()
         self.counts = {"get": 0, "try_get": 0, "put": 0, "delete": 0, "deleter": 0}
         self.errors = []  # exceptions raised inside callbacks (should stay empty)
+        self.injected = []  # store failures injected by the test (KvStoreError)
 
         def deleter(ptr):
             with self._lock:
@@ -589,6 +591,10 @@ class PjrtKvCallbacks:
                     with self._lock:
                         self.counts[name] += 1
                     return body(args)
+                except KvStoreError as e:  # injected by the test: a store error
+                    with self._lock:
+                        self.injected.append((name, str(e)))
+                    return fail(args, pc.ErrorCode.UNAVAILABLE, str(e))
                 except Exception as e:  # noqa: BLE001 - becomes a PJRT error
                     self.errors.append((name, repr(e)))
                     return fail(args, pc.ErrorCode.INTERNAL, f"{name} callback raised {e!r}")
