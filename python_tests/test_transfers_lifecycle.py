@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import pjrt_ctypes as pc
@@ -225,3 +226,58 @@ def test_large_buffer_over_tcp(api, xh):
     finally:
         c1.destroy()
         c0.destroy()
+
+
+def _one_winner(statuses, buf, s, sources, what):
+    """Exactly one sender succeeded; the buffer holds exactly that sender's
+    bytes, and they do not change after the buffer became ready."""
+    th.expect_ok(th.buffer_status(buf), f"{what}: receive buffer")
+    at_ready = th.read_back(buf, s).copy()
+    time.sleep(0.2)
+    later = th.read_back(buf, s)
+    ok = [i for i, st in enumerate(statuses) if st is None]
+    whole = [i for i, d in enumerate(sources) if np.array_equal(at_ready, d)]
+    assert np.array_equal(at_ready, later), (
+        f"{what}: the buffer's bytes changed after it was ready "
+        f"(values at ready {np.unique(at_ready)}, later {np.unique(later)})"
+    )
+    assert whole, (
+        f"{what}: the ready buffer is a mix of both sources "
+        f"(values {np.unique(at_ready)}); sender statuses {statuses}"
+    )
+    assert ok == whole, (
+        f"{what}: senders {ok} reported success for one destination; the buffer holds "
+        f"sender {whole}'s bytes; statuses {statuses}"
+    )
+
+
+def test_v2_two_senders_on_one_transfer_key_do_not_both_write_the_destination(xh, pair):
+    """A descriptor names one destination: one sender may fill it. A second
+    send under the same key (a caller bug, or a retry) must fail without
+    touching the buffer, which stays immutable once ready. (A race: three
+    rounds, each on a fresh key.)"""
+    c0, c1 = pair
+    s = spec(BT.U8, 8 << 20)
+    sources = [np.full(s.dims, v, np.uint8) for v in (1, 2)]
+    dev = c0.addressable_devices()[0]
+    srcs = [th.upload(c0, dev, s, d) for d in sources]
+    for key in (5, 6, 7):
+        evs = [xh.send(c0, [b], [2], [key])[0] for b in srcs]
+        (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [key])
+        statuses = [th.wait_event(e) for e in evs]
+        _one_winner(statuses, buf, s, sources, f"v2 duplicate senders, key {key}")
+        buf.destroy()
+
+
+def test_v1_one_descriptor_given_to_two_copies_fills_the_buffer_once(xh, pair):
+    c0, c1 = pair
+    s = spec(BT.U8, 8 << 20)
+    sources = [np.full(s.dims, v, np.uint8) for v in (1, 2)]
+    dev = c0.addressable_devices()[0]
+    srcs = [th.upload(c0, dev, s, d) for d in sources]
+    for round_ in range(3):
+        r = xh.make_receive(c1, c1.addressable_devices()[0], [s])
+        sends = [xh.copy_to_remote(b, r.descriptors[0]) for b in srcs]
+        statuses = [snd.wait()[0] for snd in sends]
+        _one_winner(statuses, r.buffers[0], s, sources, f"v1 duplicate descriptor, round {round_}")
+        r.buffers[0].destroy()
