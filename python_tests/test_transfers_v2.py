@@ -345,3 +345,43 @@ def test_v2_send_without_receiver_times_out(api, xh):
     finally:
         c1.destroy()
         c0.destroy()
+
+
+def test_v2_with_the_same_task_snapshot_on_both_sides_transfers(xh, pair):
+    c0, c1 = pair
+    s_dev, r_dev, _ = devs(c0, c1)
+    s = spec(BT.F32, 40)
+    d = th.make_data(s, 61)
+    src = th.upload(c0, s_dev, s, d)
+    tasks = {0: 11, 1: 22}
+    bufs = xh.receive(c1, r_dev, [s], [0], [8], tasks=tasks)
+    evs = xh.send(c0, [src], [2], [8], tasks=tasks)
+    check_all_arrived(bufs, evs, [s], [d])
+
+
+def test_v2_a_restarted_peer_fails_the_pending_receives_with_aborted(xh, auto_pair):
+    """v8: a snapshot in which the peer's incarnation changed means the peer
+    restarted: receives waiting on it fail now, not at the deadline."""
+    c0, c1 = auto_pair
+    _, r_dev, _ = devs(c0, c1)
+    s = spec(BT.S32, 4)
+    (pending,) = xh.receive(c1, r_dev, [s], [0], [1], tasks={0: 1, 1: 5})
+    time.sleep(0.02)
+    assert not th.is_buffer_ready(pending)
+    # A later call carries a snapshot where task 0 has a new incarnation.
+    (other,) = xh.receive(c1, r_dev, [s], [0], [2], tasks={0: 2, 1: 5})
+    st = th.buffer_status(pending, timeout=5)
+    th.expect_code(st, EC.ABORTED, "receive from the restarted peer")
+    assert not th.is_buffer_ready(other), "the new-incarnation receive must stay pending"
+
+
+def test_v2_num_tasks_without_arrays_is_invalid_argument(xh, auto_pair):
+    c0, c1 = auto_pair
+    with pytest.raises(pc.PjrtError) as e:
+        xh.receive(c1, c1.addressable_devices()[0], [spec(BT.F32, 1)], [0], [1], tasks=("null", 2))
+    assert e.value.code == EC.INVALID_ARGUMENT
+    s = spec(BT.F32, 1)
+    src = th.upload(c0, c0.addressable_devices()[0], s, th.make_data(s, 0))
+    with pytest.raises(pc.PjrtError) as e:
+        xh.send(c0, [src], [2], [1], tasks=("null", 1))
+    assert e.value.code == EC.INVALID_ARGUMENT

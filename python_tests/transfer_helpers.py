@@ -266,6 +266,22 @@ def _shape_arrays(specs):
     return ranks, dims, types, dim_arrays
 
 
+def _set_tasks(a, tasks):
+    """Fills the v8 alive-tasks snapshot of a send/receive args struct.
+    ``tasks`` may be a dict, or ("null", n) to pass n with NULL arrays."""
+    if not tasks:
+        return None
+    if isinstance(tasks, tuple) and tasks[0] == "null":
+        a.num_tasks = tasks[1]
+        return None
+    ids = (c_int * len(tasks))(*tasks.keys())
+    inc = (c_int64 * len(tasks))(*tasks.values())
+    a.num_tasks = len(tasks)
+    a.task_ids = ids
+    a.incarnation_ids = inc
+    return ids, inc
+
+
 class Transfers:
     """The plugin's PJRT_CrossHostTransfers_Extension."""
 
@@ -295,7 +311,9 @@ class Transfers:
         keys: list,
         struct_size: int | None = None,
         num_shapes: int | None = None,
+        tasks: dict | None = None,
     ) -> list:
+        """v2 receive. ``tasks``: {task id: incarnation} snapshot (v8)."""
         n = len(specs)
         ranks, dims, types, keep = _shape_arrays(specs)
         src = (ctypes.c_int32 * max(1, n))(*src_ids)
@@ -313,11 +331,13 @@ class Transfers:
             transfer_keys=k,
             buffers=out,
         )
+        tkeep = _set_tasks(a, tasks)
         if struct_size is not None:
             a.struct_size = struct_size
         self._check(
             "CrossHostReceiveBuffers", self._recv(ctypes.addressof(a))
         )
+        del tkeep
         del keep
         bufs = []
         for i in range(n):
@@ -332,7 +352,9 @@ class Transfers:
         dst_ids: list,
         keys: list,
         struct_size: int | None = None,
+        tasks: dict | None = None,
     ) -> list:
+        """v2 send. ``tasks``: {task id: incarnation} snapshot (v8)."""
         n = len(buffers)
         bufs = (c_void_p * max(1, n))(*[b.handle for b in buffers])
         dst = (ctypes.c_int32 * max(1, n))(*dst_ids)
@@ -346,9 +368,11 @@ class Transfers:
             transfer_keys=k,
             send_events=out,
         )
+        tkeep = _set_tasks(a, tasks)
         if struct_size is not None:
             a.struct_size = struct_size
         self._check("CrossHostSendBuffers", self._send(ctypes.addressof(a)))
+        del tkeep
         evs = []
         for i in range(n):
             assert out[i], f"CrossHostSendBuffers: send_events[{i}] is NULL after OK"
