@@ -201,6 +201,12 @@ impl Client {
         device: &Arc<Device>,
         context: &str,
     ) -> Result<Arc<Buffer>> {
+        if Arc::ptr_eq(src.device(), device) {
+            return Err(invalid_argument(format!(
+                "{context}: the buffer is already on device {} (its memory)",
+                device.global_id
+            )));
+        }
         let dst = self.allocate(device, src.byte_size(), context)?;
         let target = dst.clone();
         let size = src.byte_size();

@@ -65,6 +65,21 @@ impl Default for TransferConfig {
     }
 }
 
+/// Why a send did not put its bytes in the destination.
+enum CopyError {
+    /// The destination was not this sender's to write (claimed by another
+    /// sender, or no longer there): nothing written, no receipt.
+    Refused(Status),
+    /// This sender held the destination and failed: the receiver is told.
+    Failed(Status),
+}
+
+impl From<Status> for CopyError {
+    fn from(status: Status) -> CopyError {
+        CopyError::Failed(status)
+    }
+}
+
 /// Shape of one buffer as the descriptor states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferSpec {
@@ -93,6 +108,35 @@ pub struct SendSource {
 /// a second time.
 static LOCAL_REGIONS: Lazy<Mutex<HashMap<String, Weak<SharedRegion>>>> =
     Lazy::new(Default::default);
+
+/// Other processes' pooled segments this process has mapped as a sender.
+/// Kept across transfers (mapping and faulting 256 MiB costs more than
+/// copying into it); bounded, least recently used first out.
+type MappedSegments = Vec<(String, Arc<SharedRegion>)>;
+static REMOTE_SEGMENTS: Lazy<Mutex<MappedSegments>> = Lazy::new(Default::default);
+const REMOTE_SEGMENT_CACHE: usize = 16;
+
+/// A whole-object mapping of `name` that reaches at least `end`.
+fn mapped_segment(name: &str, end: u64) -> Result<Arc<SharedRegion>> {
+    {
+        let mut cache = REMOTE_SEGMENTS.lock();
+        if let Some(pos) = cache.iter().position(|(n, _)| n == name) {
+            let entry = cache.remove(pos);
+            if entry.1.len() as u64 >= end {
+                let region = entry.1.clone();
+                cache.push(entry);
+                return Ok(region);
+            }
+        }
+    }
+    let region = Arc::new(SharedRegion::open_whole(name)?);
+    let mut cache = REMOTE_SEGMENTS.lock();
+    cache.push((name.to_string(), region.clone()));
+    if cache.len() > REMOTE_SEGMENT_CACHE {
+        cache.remove(0);
+    }
+    Ok(region)
+}
 
 struct PendingEntry {
     receive: PendingReceive,
@@ -296,6 +340,9 @@ impl TransferService {
         ));
         let lease = memory.lease().clone();
         let token = AuthToken::generate()?;
+        let nonce = random_u64()?;
+        // Armed before the descriptor exists: only its holder can claim.
+        lease.claim_slot().arm(nonce);
         let (allocation, offset) = if use_tcp {
             let server = self.tcp_server()?;
             server.register(token, lease.clone())?;
@@ -311,7 +358,6 @@ impl TransferService {
             let name = region.name().to_string();
             (AllocationHandle::SharedMemory { name }, lease.offset())
         };
-        let nonce = random_u64()?;
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
@@ -350,18 +396,27 @@ impl TransferService {
         let byte_size = spec.byte_size as u64;
         let definition = receive.future();
         definition.on_ready(move |outcome| {
+            // Whether a sender took the destination (TCP: claimed its token;
+            // shared memory: claimed its slot). An unclaimed one is closed
+            // now, so no sender can write it any more.
+            let mut claimed = !lease.claim_slot().close_unclaimed(nonce);
             if let Some(service) = service.upgrade() {
                 service.pending.lock().remove(&key_name);
                 if let Some(server) = service.tcp_server.get() {
-                    server.unregister(&token);
+                    if use_tcp && server.unregister(&token).is_none() {
+                        claimed = true;
+                    }
                 }
                 if outcome.is_ok() {
                     service.metrics.add_bytes_received(byte_size);
                 }
             }
-            if outcome.is_err() {
-                // Ended without the sender's acknowledgement: a late write
-                // may still come, so the range must never be handed out again.
+            if outcome.is_ok() {
+                lease.claim_slot().close();
+            } else if claimed {
+                // Ended without the sender's receipt after a sender took the
+                // destination: its write may still land, so the range must
+                // never be handed out again.
                 lease.quarantine_on_drop();
             }
             // A dedicated region's name goes now (the buffer keeps the
@@ -485,24 +540,37 @@ impl TransferService {
             let defined = defined.clone();
             let copies = service.copies.clone();
             copies.submit(move || {
-                let outcome = defined
-                    .and_then(|()| service.copy_into_destination(&source, &descriptor, &function));
-                let receipt = match &outcome {
+                let copied = match defined {
+                    Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
+                    Err(status) => Err(CopyError::Failed(status)),
+                };
+                let outcome = match copied {
                     Ok(()) => {
                         service.metrics.add_bytes_sent(source.spec.byte_size as u64);
-                        Receipt::Ok {
-                            nonce: descriptor.nonce,
-                        }
+                        // Bytes first, receipt second: the receiver may read
+                        // the destination as soon as it observes the key.
+                        service.publish_receipt(
+                            &descriptor,
+                            Receipt::Ok {
+                                nonce: descriptor.nonce,
+                            },
+                        )
                     }
-                    Err(status) => Receipt::Error {
-                        nonce: descriptor.nonce,
-                        status: status.clone(),
-                    },
+                    Err(CopyError::Failed(status)) => {
+                        let _ = service.publish_receipt(
+                            &descriptor,
+                            Receipt::Error {
+                                nonce: descriptor.nonce,
+                                status: status.clone(),
+                            },
+                        );
+                        Err(status)
+                    }
+                    // Not this sender's destination (another sender took it,
+                    // or the receive is over): its key is not ours to write.
+                    Err(CopyError::Refused(status)) => Err(status),
                 };
-                // Bytes first, receipt second: the receiver may read the
-                // destination as soon as it observes the key.
-                let published = service.publish_receipt(&descriptor, receipt);
-                promise.set(outcome.and(published));
+                promise.set(outcome);
             });
         });
     }
@@ -524,46 +592,60 @@ impl TransferService {
         source: &SendSource,
         descriptor: &Descriptor,
         function: &str,
-    ) -> Outcome {
+    ) -> std::result::Result<(), CopyError> {
         match &descriptor.allocation {
             AllocationHandle::SharedMemory { name } => {
                 if !descriptor.host.is_local()? {
-                    return Err(status::failed_precondition(format!(
+                    return Err(CopyError::Failed(status::failed_precondition(format!(
                         "{function}: the destination is shared memory on host {}; this sender is on another \
                          host (create the receiving client with transport=tcp)",
                         descriptor.host.hostname
-                    )));
+                    ))));
                 }
                 let local = LOCAL_REGIONS.lock().get(name).and_then(Weak::upgrade);
-                let (region, offset) = match local {
-                    Some(region) => (region, descriptor.offset as usize),
-                    None => (
-                        Arc::new(SharedRegion::open(
-                            name,
-                            descriptor.offset,
-                            descriptor.byte_size,
-                        )?),
-                        0,
-                    ),
+                let region = match local {
+                    Some(region) => region,
+                    None => mapped_segment(name, descriptor.offset + descriptor.byte_size)
+                        .map_err(CopyError::Refused)?,
                 };
-                source
+                descriptor.check_fits_in(region.len() as u64)?;
+                // Single use: take the destination before writing a byte.
+                region
+                    .claim_slot(descriptor.offset)?
+                    .claim(descriptor.nonce)
+                    .map_err(|e| {
+                        CopyError::Refused(Status::new(
+                            e.code,
+                            format!("{function}: {}", e.message),
+                        ))
+                    })?;
+                let offset = descriptor.offset as usize;
+                Ok(source
                     .memory
-                    .read_with(&mut |bytes| region.write_at(offset, bytes))
+                    .read_with(&mut |bytes| region.write_at(offset, bytes))?)
             }
-            AllocationHandle::Tcp { endpoint } => source.memory.read_with(&mut |bytes| {
-                tcp_send(
-                    *endpoint,
-                    &descriptor.auth_token,
-                    descriptor.offset,
-                    bytes,
-                    self.config.send_timeout,
-                )
-            }),
+            AllocationHandle::Tcp { endpoint } => source
+                .memory
+                .read_with(&mut |bytes| {
+                    tcp_send(
+                        *endpoint,
+                        &descriptor.auth_token,
+                        descriptor.offset,
+                        bytes,
+                        self.config.send_timeout,
+                    )
+                })
+                .map_err(|e| match e.code {
+                    // The receiver refused the token: another sender took the
+                    // destination, or the receive is over.
+                    Code::Unauthenticated => CopyError::Refused(e),
+                    _ => CopyError::Failed(e),
+                }),
             AllocationHandle::InProcess { .. } | AllocationHandle::CudaIpc { .. } => {
-                Err(status::unimplemented(format!(
+                Err(CopyError::Failed(status::unimplemented(format!(
                     "{function}: destination transport {:?} is not offered by the host backend",
                     descriptor.transport_kind()
-                )))
+                ))))
             }
         }
     }

@@ -201,6 +201,28 @@ impl SharedRegion {
         unsafe { self.mapping.add(self.start_in_mapping) }
     }
 
+    /// The claim slot (see `claim.rs`) of the destination starting at
+    /// `offset` of a region mapped from the start of its object. The slot
+    /// must lie in the table, before the destination's data.
+    pub fn claim_slot(&self, offset: u64) -> Result<super::claim::ClaimSlot<'_>> {
+        let position = super::claim::slot_position(offset);
+        let end = position + 8;
+        if end > offset || end > self.len as u64 {
+            return Err(status::invalid_argument(format!(
+                "shared-memory region {}: offset {offset} has no claim slot (outside the claim table)",
+                self.name
+            )));
+        }
+        // SAFETY: [position, position+8) lies inside the mapping (checked);
+        // the mapping is page aligned and position is a multiple of 8, so the
+        // pointer is aligned for AtomicU64; the slot is only ever accessed
+        // atomically, by every process mapping the object.
+        let word = unsafe {
+            &*(self.as_ptr().add(position as usize) as *const std::sync::atomic::AtomicU64)
+        };
+        Ok(super::claim::ClaimSlot(word))
+    }
+
     /// Copies `bytes` into the region at `offset` (bounds checked).
     pub fn write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         self.check_range(offset, bytes.len(), "write")?;

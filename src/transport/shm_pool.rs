@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::claim::{claim_table_len, ClaimSlot};
 use super::destination::WritableDestination;
 use super::shm::{CreateOptions, SharedRegion};
 use crate::status::{self, Result};
@@ -183,14 +184,15 @@ impl ShmPool {
     }
 
     fn allocate_dedicated(&self, len: usize) -> Result<ShmLease> {
+        let table = claim_table_len(len);
         let region = Arc::new(SharedRegion::create_with(
-            len,
+            table + len,
             CreateOptions { prefault: true },
         )?);
         self.inner.state.lock().stats.dedicated_leases_made += 1;
         Ok(ShmLease {
             region,
-            offset: 0,
+            offset: table,
             len,
             origin: LeaseOrigin::Dedicated,
             quarantined: AtomicBool::new(false),
@@ -211,14 +213,15 @@ impl Drop for ShmPool {
 impl PoolInner {
     fn new_segment(&self) -> Result<Segment> {
         let len = self.config.segment_len;
-        let region = SharedRegion::create_with(len, CreateOptions { prefault: true })?;
+        let table = claim_table_len(len);
+        let region = SharedRegion::create_with(table + len, CreateOptions { prefault: true })?;
         log::debug!(
             "shared-memory pool grew by segment {} ({len} bytes)",
             region.name()
         );
         Ok(Segment {
             region: Arc::new(region),
-            free: BTreeMap::from([(0, len)]),
+            free: BTreeMap::from([(table, len)]),
         })
     }
 }
@@ -294,6 +297,13 @@ impl ShmLease {
             LeaseOrigin::Dedicated => self.region.unlink(),
             _ => Ok(()),
         }
+    }
+
+    /// The claim slot of this destination (see `claim.rs`).
+    pub fn claim_slot(&self) -> ClaimSlot<'_> {
+        self.region
+            .claim_slot(self.offset as u64)
+            .expect("every object the pool makes starts with a claim table covering it")
     }
 
     /// The segment (or dedicated region) this lease lives in.
