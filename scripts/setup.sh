@@ -3,6 +3,8 @@
 # skipping whatever is already there (safe to run again):
 #   - libclang-dev (bindgen needs libclang), a C and a C++ compiler, from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
+#   - jax and jaxlib 0.10.2 for python_tests/test_jax_*.py, from PyPI (a
+#     failure only warns: those tests then skip, saying why);
 #   - the PJRT C API header (scripts/fetch-pjrt-header.sh, hash-checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +36,15 @@ if ! "$PYTHON" -c "import pytest, numpy" >/dev/null 2>&1; then
   if ! "$PYTHON" -m pip install --quiet pytest numpy; then
     # Debian's system Python refuses plain pip installs (PEP 668).
     "$PYTHON" -m pip install --quiet --break-system-packages pytest numpy
+  fi
+fi
+
+JAX_VERSION=0.10.2
+if ! "$PYTHON" -c "import jax, jaxlib, sys; sys.exit(not (jax.__version__ == jaxlib.__version__ == '$JAX_VERSION'))" >/dev/null 2>&1; then
+  say "installing jax==$JAX_VERSION jaxlib==$JAX_VERSION with pip"
+  if ! "$PYTHON" -m pip install --quiet "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION" &&
+     ! "$PYTHON" -m pip install --quiet --break-system-packages "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"; then
+    say "WARNING: could not install jax/jaxlib $JAX_VERSION; the JAX tests will be skipped"
   fi
 fi
 

@@ -78,18 +78,26 @@ crate::pjrt_entry!(device_memory_stats = "PJRT_Device_MemoryStats", PJRT_Device_
         args.largest_alloc_size = stats.largest_alloc_size;
         args.largest_alloc_size_is_set = true;
     }
-    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
-        args.bytes_limit_is_set = false;
+    // Each optional field is cleared only if the caller's struct has it: an
+    // older caller (jaxlib 0.10.2 sends PJRT 0.112's shorter struct) does not
+    // zero the struct, so an untouched `*_is_set` reads as garbage there.
+    macro_rules! not_set {
+        ($($field:ident),*) => {$(
+            if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, $field) {
+                args.$field = false;
+            }
+        )*};
     }
-    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, peak_allocated_bytes_is_set) {
-        args.bytes_reserved_is_set = false;
-        args.peak_bytes_reserved_is_set = false;
-        args.bytes_reservable_limit_is_set = false;
-        args.largest_free_block_bytes_is_set = false;
-        args.pool_bytes_is_set = false;
-        args.peak_pool_bytes_is_set = false;
-        args.peak_allocated_bytes_is_set = false;
-    }
+    not_set!(
+        bytes_limit_is_set,
+        bytes_reserved_is_set,
+        peak_bytes_reserved_is_set,
+        bytes_reservable_limit_is_set,
+        largest_free_block_bytes_is_set,
+        pool_bytes_is_set,
+        peak_pool_bytes_is_set,
+        peak_allocated_bytes_is_set
+    );
     Ok(())
 });
 
