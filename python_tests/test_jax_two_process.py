@@ -30,12 +30,21 @@ receive another array's bytes. Batches from one source device always work.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
 import pytest
 
-from jax_harness import HERE, child_env, free_port, kill_group, skip_unless_jax, start
+from jax_harness import (
+    HERE,
+    child_env,
+    free_port,
+    kill_group,
+    run_python,
+    skip_unless_jax,
+    start,
+)
 
 pytestmark = skip_unless_jax()
 
@@ -145,3 +154,34 @@ def test_mixed_source_batch_never_delivers_wrong_data(tmp_path):
     assert m["timeouts"] == len(failed) and m["stale_receipts_rejected"] == 0, m
     assert m["keys_created"] == KEYS_PER_RECEIVED_BUFFER * 6, m
     assert m["keys_outstanding"] == m["retained_keys"], m
+
+
+def _readme_demo(name: str) -> str:
+    """The python block after "save this as `name`" in README.md's JAX section."""
+    text = (HERE.parent / "README.md").read_text()
+    section = text.split("\n## JAX\n", 1)[1].split("\n## ", 1)[0]
+    m = re.search(rf"[Ss]ave this as `{re.escape(name)}`.*?```python\n(.*?)```", section, re.S)
+    assert m, f"README.md's JAX section has no demo {name}"
+    return m.group(1)
+
+
+def test_readme_jax_demos_run(tmp_path):
+    single = tmp_path / "single.py"
+    single.write_text(_readme_demo("single.py"))
+    code, out = run_python([str(single)], timeout=120)
+    assert code == 0 and "66.0" in out and "UNIMPLEMENTED: PJRT_Client_Compile" in out, out
+
+    port = free_port()
+    two = tmp_path / "two_process.py"
+    two.write_text(_readme_demo("two_process.py").replace("127.0.0.1:12345", f"127.0.0.1:{port}"))
+    env = child_env()
+    procs = []
+    try:
+        for p in (0, 1):
+            procs.append(start([str(two), str(p)], env))
+        outs = [proc.communicate(timeout=TIMEOUT_S)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    assert all(proc.returncode == 0 for proc in procs), outs
+    assert "received True" in outs[1] and "'retained_keys': 2" in outs[1], outs[1]
