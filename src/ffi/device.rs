@@ -79,7 +79,14 @@ crate::pjrt_entry!(device_memory_stats = "PJRT_Device_MemoryStats", PJRT_Device_
         args.largest_alloc_size_is_set = true;
     }
     if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
-        args.bytes_limit_is_set = false;
+        // The driver's total memory where there is a driver (CUDA).
+        match device.device.driver_memory_info() {
+            Some(info) => {
+                args.bytes_limit = info.total_bytes as i64;
+                args.bytes_limit_is_set = true;
+            }
+            None => args.bytes_limit_is_set = false,
+        }
     }
     if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, peak_allocated_bytes_is_set) {
         args.bytes_reserved_is_set = false;

@@ -15,13 +15,14 @@ use std::time::Duration;
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
+use super::cuda_path;
 use super::descriptor::{AllocationHandle, Descriptor};
 use super::keys::{descriptor_key, CompletionKey};
 use super::receipt::Receipt;
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
 use super::session::Session;
 use crate::backend::shared::SharedHostMemory;
-use crate::backend::{Allocation, MemoryCounters};
+use crate::backend::{Allocation, DevicePlacement};
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
@@ -169,7 +170,7 @@ impl TransferService {
     pub fn receive_v1(
         self: &Arc<Self>,
         specs: &[BufferSpec],
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
         let epoch = format!("{}.v1", self.session.epoch);
@@ -178,7 +179,7 @@ impl TransferService {
             .enumerate()
             .map(|(index, spec)| {
                 let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
-                self.open_destination(spec, key, None, None, self.config.force_tcp, counters)
+                self.open_destination(spec, key, None, None, self.config.force_tcp, placement)
             })
             .collect()
     }
@@ -191,7 +192,7 @@ impl TransferService {
         my_device: i32,
         peers: &[(i32, i64)],
         incarnations: Option<&[(i32, i64)]>,
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
         if let Some(snapshot) = incarnations {
@@ -216,7 +217,7 @@ impl TransferService {
                 Some(desc_key),
                 Some(peer.process_index),
                 use_tcp,
-                counters,
+                placement,
             )?);
         }
         Ok(out)
@@ -272,27 +273,36 @@ impl TransferService {
         descriptor_key: Option<String>,
         peer_process: Option<i32>,
         use_tcp: bool,
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<ReceiveDestination> {
-        let memory = Arc::new(SharedHostMemory::allocate(
-            spec.byte_size,
-            counters.clone(),
-        )?);
-        let region = memory.region().clone();
         let token = AuthToken::generate()?;
-        let allocation = if use_tcp {
-            let server = self.tcp_server()?;
-            server.register(token, region.clone())?;
-            AllocationHandle::Tcp {
-                endpoint: server.local_addr(),
-            }
+        // CUDA hook (issue #5): a CUDA device's destination is device memory
+        // exported as a CUDA IPC handle (transfer/cuda_path.rs); everything
+        // after the allocation handle is shared with the host path.
+        let (memory, region, allocation, cuda): (Allocation, _, _, _) = if placement.is_host() {
+            let memory = Arc::new(SharedHostMemory::allocate(
+                spec.byte_size,
+                placement.counters.clone(),
+            )?);
+            let region = memory.region().clone();
+            let allocation = if use_tcp {
+                let server = self.tcp_server()?;
+                server.register(token, region.clone())?;
+                AllocationHandle::Tcp {
+                    endpoint: server.local_addr(),
+                }
+            } else {
+                LOCAL_REGIONS
+                    .lock()
+                    .insert(region.name().to_string(), Arc::downgrade(&region));
+                AllocationHandle::SharedMemory {
+                    name: region.name().to_string(),
+                }
+            };
+            (memory, Some(region), allocation, None)
         } else {
-            LOCAL_REGIONS
-                .lock()
-                .insert(region.name().to_string(), Arc::downgrade(&region));
-            AllocationHandle::SharedMemory {
-                name: region.name().to_string(),
-            }
+            let cuda = cuda_path::open_destination(placement, spec.byte_size, use_tcp, "receive")?;
+            (cuda.memory(), None, cuda.allocation_handle(), Some(cuda))
         };
         let nonce = random_u64()?;
         let descriptor = Descriptor {
@@ -342,6 +352,10 @@ impl TransferService {
                     service.metrics.add_bytes_received(byte_size);
                 }
             }
+            if let Some(cuda) = &cuda {
+                cuda.retire();
+            }
+            let Some(region) = region else { return };
             LOCAL_REGIONS.lock().remove(region.name());
             // The mapping stays (the buffer owns it); only the name goes, so
             // no process can open the destination any more.
@@ -535,12 +549,14 @@ impl TransferService {
                     self.config.send_timeout,
                 )
             }),
-            AllocationHandle::InProcess { .. } | AllocationHandle::CudaIpc { .. } => {
-                Err(status::unimplemented(format!(
-                    "{function}: destination transport {:?} is not offered by the host backend",
-                    descriptor.transport_kind()
-                )))
+            // CUDA hook (issue #5): same-node GPU destinations.
+            AllocationHandle::CudaIpc { .. } => {
+                cuda_path::copy_to_destination(&source.memory, descriptor, function)
             }
+            AllocationHandle::InProcess { .. } => Err(status::unimplemented(format!(
+                "{function}: destination transport {:?} is not offered by the host backend",
+                descriptor.transport_kind()
+            ))),
         }
     }
 
