@@ -28,6 +28,7 @@ enum Verdict {
 }
 
 type TestResult = Result<Verdict, String>;
+type TestFn = fn() -> TestResult;
 
 /// The CUDA backend, or the reason there is none.
 fn cuda() -> Result<Arc<CudaBackend>, String> {
@@ -406,7 +407,7 @@ fn v1_receive_then_send_in_one_client_and_cancellation() -> TestResult {
 // --------------------------------- harness ------------------------------------
 
 fn main() {
-    let tests: &[(&str, fn() -> TestResult)] = &[
+    let tests: &[(&str, TestFn)] = &[
         (
             "backend_cuda_without_a_driver_fails_client_creation_with_failed_precondition",
             backend_cuda_without_a_driver_fails_client_creation_with_failed_precondition,
