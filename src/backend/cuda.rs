@@ -554,11 +554,14 @@ impl DeviceMemory for CudaMemory {
 impl Drop for CudaMemory {
     fn drop(&mut self) {
         if self.pointer != 0 {
-            // Every copy touching the allocation was synchronized before its
-            // call returned, so nothing is in flight on our streams. (A
-            // sender in another process that still has the allocation
-            // mapped through IPC writes into memory the driver keeps until
-            // that process closes its mapping.)
+            // Every copy of this process touching the allocation was
+            // synchronized before its call returned, so nothing is in flight
+            // on our streams. A sender in another process that still has the
+            // allocation mapped through IPC is not waited for: the receive
+            // holds the memory until its outcome is published (a sender's
+            // bytes land before its receipt), but after a cancellation or a
+            // timeout the buffer may be freed while a late sender still
+            // copies; what the driver does then is not documented.
             let freed = self.device.activate().and_then(|()| {
                 // SAFETY: allocated by cuMemAlloc in `allocate`, freed only
                 // here, no copy in flight (see above).
