@@ -1459,3 +1459,228 @@ class Buffer:
 
     def decrease_external_ref(self) -> None:
         self.api.call("PJRT_Buffer_DecreaseExternalReferenceCount", buffer=self.handle)
+
+
+# ==========================================================================
+# Cross-host transfers (added for test_transfers_*.py; nothing above changed)
+# ==========================================================================
+#
+# KV callback args are declared by pjrt_c_api.h, so they join STRUCTS and the
+# existing layout test checks them against the header. The extension structs
+# of include/pjrt_crosshost.h are NOT in that header: they live in
+# XH_STRUCTS, which test_transfers_layouts.py checks against
+# include/pjrt_crosshost.h with a C compiler.
+
+# PJRT_Error* (*PJRT_CallbackError)(PJRT_Error_Code, const char*, size_t)
+PJRT_CallbackError = ctypes.CFUNCTYPE(c_void_p, c_enum, c_void_p, c_size_t)
+# void (*)(char* value)
+PJRT_KeyValue_ValueDeleter = ctypes.CFUNCTYPE(None, c_void_p)
+
+PJRT_KeyValueGetCallback_Args = _struct(
+    "PJRT_KeyValueGetCallback_Args",
+    _HEAD
+    + [
+        ("key", c_void_p),
+        ("key_size", c_size_t),
+        ("timeout_in_ms", c_int),
+        ("callback_error", c_void_p),  # PJRT_CallbackError* (pointer TO the fn pointer)
+        ("user_arg", c_void_p),
+        ("value", c_void_p),
+        ("value_size", c_size_t),
+        ("value_deleter_callback", c_void_p),
+    ],
+)
+PJRT_KeyValueTryGetCallback_Args = _struct(
+    "PJRT_KeyValueTryGetCallback_Args",
+    _HEAD
+    + [
+        ("key", c_void_p),
+        ("key_size", c_size_t),
+        ("callback_error", c_void_p),
+        ("user_arg", c_void_p),
+        ("value", c_void_p),
+        ("value_size", c_size_t),
+        ("value_deleter_callback", c_void_p),
+    ],
+)
+PJRT_KeyValuePutCallback_Args = _struct(
+    "PJRT_KeyValuePutCallback_Args",
+    _HEAD
+    + [
+        ("key", c_void_p),
+        ("key_size", c_size_t),
+        ("value", c_void_p),
+        ("value_size", c_size_t),
+        ("callback_error", c_void_p),
+        ("user_arg", c_void_p),
+    ],
+)
+
+PJRT_KeyValueGetCallback = ctypes.CFUNCTYPE(c_void_p, POINTER(PJRT_KeyValueGetCallback_Args))
+PJRT_KeyValueTryGetCallback = ctypes.CFUNCTYPE(
+    c_void_p, POINTER(PJRT_KeyValueTryGetCallback_Args)
+)
+PJRT_KeyValuePutCallback = ctypes.CFUNCTYPE(c_void_p, POINTER(PJRT_KeyValuePutCallback_Args))
+
+XH_STRUCTS: dict[str, type] = {}  # C name (include/pjrt_crosshost.h) -> ctypes class
+
+
+def _xh_struct(name, fields):
+    cls = type(name, (PjrtStruct,), {"_fields_": fields})
+    cls.STRUCT_SIZE = cls._compute_struct_size()
+    XH_STRUCTS[name] = cls
+    return cls
+
+
+EXTENSION_TYPE_KV_DELETE = 0x43480001
+
+PJRT_CrossHost_KeyValueDeleteCallback_Args = _xh_struct(
+    "PJRT_CrossHost_KeyValueDeleteCallback_Args",
+    _HEAD
+    + [
+        ("key", c_void_p),
+        ("key_size", c_size_t),
+        ("callback_error", c_void_p),
+        ("user_arg", c_void_p),
+    ],
+)
+PJRT_CrossHost_KeyValueDeleteCallback = ctypes.CFUNCTYPE(
+    c_void_p, POINTER(PJRT_CrossHost_KeyValueDeleteCallback_Args)
+)
+PJRT_CrossHost_KvDeleteExtension = _xh_struct(
+    "PJRT_CrossHost_KvDeleteExtension",
+    [
+        ("base", PJRT_Extension_Base),
+        ("kv_delete_callback", c_void_p),
+        ("kv_delete_user_arg", c_void_p),
+    ],
+)
+
+# void on_canceled(PJRT_Error* error, void* user_arg)
+PJRT_Transfers_CrossHostOnCanceledCallback = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+# void cancel_notifier(const char* desc, size_t size, PJRT_Error_Code reason,
+#   const char* msg, size_t msg_size, on_canceled, void* on_canceled_user_arg,
+#   void* user_arg)
+PJRT_Transfers_CrossHostRecvCancelNotifier = ctypes.CFUNCTYPE(
+    None,
+    c_void_p,
+    c_size_t,
+    c_enum,
+    c_void_p,
+    c_size_t,
+    PJRT_Transfers_CrossHostOnCanceledCallback,
+    c_void_p,
+    c_void_p,
+)
+# void notifier(PJRT_Error*, const char** descs, size_t* sizes, size_t n,
+#   void* user_arg, cancel_notifier, void* cancel_notifier_user_arg)
+PJRT_Transfers_CrossHostRecvNotifier = ctypes.CFUNCTYPE(
+    None,
+    c_void_p,
+    POINTER(c_void_p),
+    POINTER(c_size_t),
+    c_size_t,
+    c_void_p,
+    c_void_p,  # cancel notifier fn pointer (may be NULL)
+    c_void_p,
+)
+# void on_done(PJRT_Error* error, bool sends_were_enqueued, void* user_arg)
+PJRT_Transfers_CrossHostOnDone = ctypes.CFUNCTYPE(None, c_void_p, c_bool, c_void_p)
+# void descriptor_destructor(char** data, size_t* size)
+PJRT_Transfers_DescriptorDestructor = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+
+PJRT_Transfers_CrossHostRecvNotifierInfo = _xh_struct(
+    "PJRT_Transfers_CrossHostRecvNotifierInfo",
+    [("user_arg", c_void_p), ("notifier", c_void_p)],
+)
+PJRT_Transfers_CrossHostRemoteSendCallbackInfo = _xh_struct(
+    "PJRT_Transfers_CrossHostRemoteSendCallbackInfo",
+    [("user_arg", c_void_p), ("on_done", c_void_p)],
+)
+
+PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args = _xh_struct(
+    "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args",
+    _HEAD
+    + [
+        ("client", c_void_p),
+        ("num_shapes", c_size_t),
+        ("shape_num_dims", POINTER(c_size_t)),
+        ("num_dims", POINTER(POINTER(c_int64))),
+        ("element_types", POINTER(c_enum)),
+        ("layouts", c_void_p),
+        ("device", c_void_p),
+        ("notifier", PJRT_Transfers_CrossHostRecvNotifierInfo),
+        ("buffers", POINTER(c_void_p)),
+        ("num_buffers", c_size_t),
+        ("allow_cancel_notifier", c_bool),
+    ],
+)
+PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args = _xh_struct(
+    "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args",
+    _HEAD
+    + [
+        ("buffer", c_void_p),
+        ("event", c_void_p),
+        ("serialized_descriptor", c_void_p),  # char**
+        ("serialized_descriptor_size", c_void_p),  # size_t*
+        ("on_done", PJRT_Transfers_CrossHostRemoteSendCallbackInfo),
+        ("descriptor_destructor", c_void_p),
+    ],
+)
+PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args = _xh_struct(
+    "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args",
+    _HEAD
+    + [
+        ("client", c_void_p),
+        ("num_shapes", c_size_t),
+        ("shape_num_dims", POINTER(c_size_t)),
+        ("num_dims", POINTER(POINTER(c_int64))),
+        ("element_types", POINTER(c_enum)),
+        ("layouts", c_void_p),
+        ("device", c_void_p),
+        ("src_global_device_ids", POINTER(ctypes.c_int32)),
+        ("transfer_keys", POINTER(c_int64)),
+        ("buffers", POINTER(c_void_p)),
+        ("num_tasks", c_size_t),
+        ("task_ids", POINTER(c_int)),
+        ("incarnation_ids", POINTER(c_int64)),
+    ],
+)
+PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args = _xh_struct(
+    "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args",
+    _HEAD
+    + [
+        ("client", c_void_p),
+        ("num_buffers", c_size_t),
+        ("buffers", POINTER(c_void_p)),
+        ("dst_global_device_ids", POINTER(ctypes.c_int32)),
+        ("transfer_keys", POINTER(c_int64)),
+        ("send_events", POINTER(c_void_p)),
+        ("num_tasks", c_size_t),
+        ("task_ids", POINTER(c_int)),
+        ("incarnation_ids", POINTER(c_int64)),
+    ],
+)
+PJRT_CrossHostTransfers_Extension = _xh_struct(
+    "PJRT_CrossHostTransfers_Extension",
+    [
+        ("base", PJRT_Extension_Base),
+        ("PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers", c_void_p),
+        ("PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice", c_void_p),
+        ("PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers", c_void_p),
+        ("PJRT_Transfers_PJRT_Client_CrossHostSendBuffers", c_void_p),
+    ],
+)
+
+# Entry prototypes (args passed as an address).
+XH_ERR_ENTRY = ctypes.CFUNCTYPE(c_void_p, c_void_p)  # PJRT_Error* (*)(Args*)
+XH_VOID_ENTRY = ctypes.CFUNCTYPE(None, c_void_p)  # void (*)(Args*)
+
+
+def declare_crosshost_exports(lib) -> None:
+    """Declares pjrt_crosshost_metrics_json / pjrt_crosshost_free_string on a
+    ctypes.CDLL of the plugin (returns char* as c_void_p so it can be freed)."""
+    lib.pjrt_crosshost_metrics_json.restype = c_void_p
+    lib.pjrt_crosshost_metrics_json.argtypes = [c_void_p]
+    lib.pjrt_crosshost_free_string.restype = None
+    lib.pjrt_crosshost_free_string.argtypes = [c_void_p]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing pjrt-crosshost needs on a fresh machine,
 # skipping whatever is already there (safe to run again):
-#   - libclang-dev (bindgen needs libclang) and a C compiler, from apt;
+#   - libclang-dev (bindgen needs libclang), a C and a C++ compiler, from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
 #   - the PJRT C API header (scripts/fetch-pjrt-header.sh, hash-checked).
 set -euo pipefail
@@ -20,6 +20,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 apt_pkgs=()
 if ! dpkg -s libclang-dev >/dev/null 2>&1; then apt_pkgs+=(libclang-dev); fi
 if ! command -v cc >/dev/null 2>&1; then apt_pkgs+=(gcc libc6-dev); fi
+# The v5 descriptor-pointer shim (src/ffi/cxx/) is C++.
+if ! command -v c++ >/dev/null 2>&1; then apt_pkgs+=(g++); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   say "installing ${apt_pkgs[*]} with apt-get"
   $SUDO apt-get update

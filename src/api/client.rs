@@ -103,6 +103,7 @@ impl Client {
                 send_timeout: options.send_timeout,
                 force_tcp: options.force_tcp,
                 tcp_bind: options.tcp_bind,
+                shm_pool_bytes: options.shm_pool_bytes,
                 ..TransferConfig::default()
             },
         );
@@ -213,6 +214,12 @@ impl Client {
         device: &Arc<Device>,
         context: &str,
     ) -> Result<Arc<Buffer>> {
+        if Arc::ptr_eq(src.device(), device) {
+            return Err(invalid_argument(format!(
+                "{context}: the buffer is already on device {} (its memory)",
+                device.global_id
+            )));
+        }
         let dst = self.allocate(device, src.byte_size(), context)?;
         let target = dst.clone();
         let backend = self.backend.clone();

@@ -58,6 +58,8 @@ pub struct ClientOptions {
     pub send_timeout: Duration,
     /// How long client creation waits for the other processes.
     pub session_timeout: Duration,
+    /// Upper bound of the receive-side pool of pre-faulted shared memory.
+    pub shm_pool_bytes: usize,
 }
 
 impl Default for ClientOptions {
@@ -74,14 +76,14 @@ impl Default for ClientOptions {
             receive_timeout: Duration::from_secs(300),
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
+            shm_pool_bytes: 1 << 30,
         }
     }
 }
 
 const CONTEXT: &str = "PJRT_Client_Create";
-const KNOWN: &str =
-    "num_devices, backend, node_id, num_nodes, session, kv_store, transport, tcp_bind, \
-                     receive_timeout_ms, send_timeout_ms, session_timeout_ms";
+const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
+                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, shm_pool_bytes";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
     match value {
@@ -182,6 +184,9 @@ impl ClientOptions {
                 "receive_timeout_ms" => parsed.receive_timeout = expect_millis(name, value)?,
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
                 "session_timeout_ms" => parsed.session_timeout = expect_millis(name, value)?,
+                "shm_pool_bytes" => {
+                    parsed.shm_pool_bytes = expect_range(name, value, 0, 1 << 40)? as usize
+                }
                 _ => unknown.push(name.clone()),
             }
         }

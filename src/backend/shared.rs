@@ -1,56 +1,59 @@
 //! Host-backend device memory that lives in POSIX shared memory, so that a
 //! sender in another process on this host can write a receive destination
-//! directly (no staging copy on either side).
+//! directly (no staging copy on either side). The memory is a lease from the
+//! receiver's pool of pre-faulted segments (or a dedicated region).
 use std::sync::Arc;
 
 use super::{DeviceMemory, MemoryCounters};
 use crate::status::Result;
-use crate::transport::shm::SharedRegion;
+use crate::transport::destination::WritableDestination;
+use crate::transport::shm_pool::ShmLease;
 
 pub struct SharedHostMemory {
-    region: Arc<SharedRegion>,
+    lease: Arc<ShmLease>,
     counters: Arc<MemoryCounters>,
 }
 
 impl SharedHostMemory {
-    pub fn allocate(len: usize, counters: Arc<MemoryCounters>) -> Result<SharedHostMemory> {
-        let region = Arc::new(SharedRegion::create(len)?);
-        counters.allocated(len);
-        Ok(SharedHostMemory { region, counters })
+    pub fn new(lease: ShmLease, counters: Arc<MemoryCounters>) -> SharedHostMemory {
+        counters.allocated(lease.len());
+        SharedHostMemory {
+            lease: Arc::new(lease),
+            counters,
+        }
     }
 
-    /// The region, for transports that write into it.
-    pub fn region(&self) -> &Arc<SharedRegion> {
-        &self.region
+    /// The lease, for transports that write into it.
+    pub fn lease(&self) -> &Arc<ShmLease> {
+        &self.lease
     }
 }
 
 impl DeviceMemory for SharedHostMemory {
     fn len(&self) -> usize {
-        self.region.len()
+        self.lease.len()
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.region.read_at(offset, dst)
+        self.lease.read_at(offset, dst)
     }
 
     fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.region.write_at(offset, src)
+        self.lease.write_at(offset, src)
     }
 
     fn read_with(&self, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
-        let len = self.region.len();
+        let len = self.lease.len();
         if len == 0 {
             return f(&[]);
         }
-        // SAFETY: the mapping holds `len` bytes for the region's life (we hold
-        // an Arc); readers run after the definition event, when no transport
-        // writes any more.
-        f(unsafe { std::slice::from_raw_parts(self.region.as_ptr(), len) })
+        // SAFETY: the lease's `len` bytes stay mapped while we hold its Arc;
+        // readers run after the definition event, when no transport writes.
+        f(unsafe { std::slice::from_raw_parts(self.lease.as_mut_ptr(), len) })
     }
 
     fn address(&self) -> usize {
-        self.region.as_ptr() as usize
+        self.lease.as_mut_ptr() as usize
     }
 
     fn is_host_memory(&self) -> bool {
@@ -58,12 +61,12 @@ impl DeviceMemory for SharedHostMemory {
     }
 
     fn shared_name(&self) -> Option<String> {
-        Some(self.region.name().to_string())
+        Some(self.lease.segment_name().to_string())
     }
 }
 
 impl Drop for SharedHostMemory {
     fn drop(&mut self) {
-        self.counters.freed(self.region.len());
+        self.counters.freed(self.lease.len());
     }
 }

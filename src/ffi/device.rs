@@ -142,3 +142,24 @@ crate::pjrt_entry!(device_description_to_string = "PJRT_DeviceDescription_ToStri
     (args.to_string, args.to_string_size) = str_out(&d.device.to_string);
     Ok(())
 });
+
+/// `attributes_deleter` handed out by PJRT_Device_GetAttributes: the
+/// attributes live as long as the device, so there is nothing to free.
+unsafe extern "C" fn device_attributes_keep(
+    _attributes: *mut super::bindings::PJRT_Device_Attributes,
+) {
+}
+
+// jaxlib wraps every device through this and aborts on an error; the
+// attributes are the description's (they live as long as the device).
+crate::pjrt_entry!(device_get_attributes = "PJRT_Device_GetAttributes", PJRT_Device_GetAttributes_Args through num_attributes, |args| {
+    // SAFETY: live handle per contract.
+    let device = unsafe { device_arg(args.device, "PJRT_Device_GetAttributes") }?;
+    args.attributes = device.description.attributes.values.as_ptr();
+    args.num_attributes = device.description.attributes.values.len();
+    if crate::has_field!(args, super::bindings::PJRT_Device_GetAttributes_Args, attributes_deleter) {
+        args.device_attributes = std::ptr::null_mut();
+        args.attributes_deleter = Some(device_attributes_keep);
+    }
+    Ok(())
+});

@@ -79,7 +79,9 @@ crate::pjrt_entry!(event_create = "PJRT_Event_Create", PJRT_Event_Create_Args th
 crate::pjrt_entry!(event_set = "PJRT_Event_Set", PJRT_Event_Set_Args through error_message_size, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { borrow::<EventHandle>(args.event, SET, "event") }?;
-    let promise = event.promise.as_ref().ok_or_else(|| {
+    // A clone: setting may run callbacks that destroy the handle (an event
+    // handed to CopyToRemoteDevice), so nothing of it is touched after.
+    let promise = event.promise.clone().ok_or_else(|| {
         invalid_argument("PJRT_Event_Set: event was not created by PJRT_Event_Create")
     })?;
     let outcome = if args.error_code == 0 {

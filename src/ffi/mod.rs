@@ -11,6 +11,7 @@ mod device;
 pub(crate) mod errors;
 mod events;
 pub(crate) mod handles;
+mod jax_support;
 pub mod kv_callbacks;
 pub mod logging;
 mod memory;
@@ -50,6 +51,7 @@ fn api_table() -> PJRT_Api {
     api.PJRT_Error_Destroy = Some(errors::error_destroy);
     api.PJRT_Error_Message = Some(errors::error_message);
     api.PJRT_Error_GetCode = Some(errors::error_get_code);
+    api.PJRT_Error_ForEachPayload = Some(jax_support::error_for_each_payload);
 
     api.PJRT_Plugin_Initialize = Some(plugin::plugin_initialize);
     api.PJRT_Plugin_Attributes = Some(plugin::plugin_attributes);
@@ -62,7 +64,7 @@ fn api_table() -> PJRT_Api {
     api.PJRT_Event_Create = Some(events::event_create);
     api.PJRT_Event_Set = Some(events::event_set);
 
-    api.PJRT_Client_Create = Some(client::client_create);
+    api.PJRT_Client_Create = Some(jax_support::client_create_registering);
     api.PJRT_Client_Destroy = Some(client::client_destroy);
     api.PJRT_Client_PlatformName = Some(client::client_platform_name);
     api.PJRT_Client_ProcessIndex = Some(client::client_process_index);
@@ -73,6 +75,7 @@ fn api_table() -> PJRT_Api {
     api.PJRT_Client_LookupAddressableDevice = Some(client::client_lookup_addressable_device);
     api.PJRT_Client_AddressableMemories = Some(client::client_addressable_memories);
     api.PJRT_Client_BufferFromHostBuffer = Some(client::client_buffer_from_host_buffer);
+    api.PJRT_Client_UpdateGlobalProcessInfo = Some(jax_support::client_update_global_process_info);
 
     api.PJRT_DeviceDescription_Id = Some(device::device_description_id);
     api.PJRT_DeviceDescription_ProcessIndex = Some(device::device_description_process_index);
@@ -87,6 +90,7 @@ fn api_table() -> PJRT_Api {
     api.PJRT_Device_AddressableMemories = Some(device::device_addressable_memories);
     api.PJRT_Device_DefaultMemory = Some(device::device_default_memory);
     api.PJRT_Device_MemoryStats = Some(device::device_memory_stats);
+    api.PJRT_Device_GetAttributes = Some(device::device_get_attributes);
 
     api.PJRT_Memory_Id = Some(memory::memory_id);
     api.PJRT_Memory_Kind = Some(memory::memory_kind);

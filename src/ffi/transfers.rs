@@ -349,6 +349,21 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
 
 // ------------------------------- v1: send ------------------------------------
 
+/// An event handle the caller gave us; destroyed once it is ready.
+struct OwnedEvent(usize);
+
+impl OwnedEvent {
+    fn destroy(self) {
+        // SAFETY: the caller transferred ownership of this live event handle
+        // to CopyToRemoteDevice; it is destroyed exactly once, here.
+        // `PJRT_Event_Set` works on its own clone of the promise, so freeing
+        // the handle from inside the set's callbacks is sound.
+        if let Err(e) = unsafe { take::<EventHandle>(self.0 as *mut PJRT_Event, COPY, "event") } {
+            log::error!("{e}");
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct OnDone {
     callback: unsafe extern "C" fn(*mut PJRT_Error, bool, *mut c_void),
@@ -456,16 +471,19 @@ fn start_copy_to_remote(
         callback: args.on_done.on_done.expect("checked by caller"),
         user_arg: args.on_done.user_arg as usize,
     };
-    // The event is ours from here on, whatever happens next.
+    // The event is ours from here on, whatever happens next. The caller may
+    // still `PJRT_Event_Set` it (JAX's v1 path does, once the descriptor
+    // arrived), so the handle lives until the event is ready and is
+    // destroyed then.
     let descriptor_ready = if args.event.is_null() {
         None
     } else {
         // SAFETY: the caller transfers ownership of a live event.
-        Some(
-            unsafe { take::<EventHandle>(args.event, COPY, "event") }?
-                .future
-                .clone(),
-        )
+        let event = unsafe { borrow::<EventHandle>(args.event, COPY, "event") }?;
+        let future = event.future.clone();
+        let owned = OwnedEvent(args.event as usize);
+        future.on_ready(move |_| owned.destroy());
+        Some(future)
     };
     // SAFETY: live buffer per contract.
     let source = unsafe { buffer_arg(args.buffer, COPY, "buffer") }?;

@@ -5,8 +5,11 @@
 //! file is the logic over them.
 //!
 //! The callbacks only offer *blocking* gets, so `async_get` runs them on a
-//! bounded pool: `pool_threads` workers fed by one channel, never one thread
-//! per key. Fairness: a worker blocks at most `wait_slice` on one key, then
+//! bounded pool: up to `pool_threads` workers fed by one channel, never one
+//! thread per key without bound. The pool grows on demand (a job queued while
+//! no worker is idle starts one more, up to the bound), so up to
+//! `pool_threads` keys are each watched by a blocked get and observed the
+//! moment they are set. Fairness: a worker blocks at most `wait_slice` on one key, then
 //! puts the job back at the end of the queue, so a few keys that are never
 //! set cannot starve the others; a key that is set is observed within about
 //! `ceil(pending / pool_threads) * wait_slice`. A get that returns "not yet"
@@ -15,6 +18,7 @@
 //! returns at once) are re-queued after a delay that doubles up to
 //! `max_backoff`: bounded and never spinning.
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -50,7 +54,7 @@ pub struct CallbackStoreOptions {
 impl Default for CallbackStoreOptions {
     fn default() -> Self {
         CallbackStoreOptions {
-            pool_threads: 4,
+            pool_threads: 64,
             wait_slice: Duration::from_millis(50),
             min_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(100),
@@ -81,7 +85,10 @@ struct Shared {
     pending: Mutex<HashMap<u64, GetCallback>>,
     next_id: Mutex<u64>,
     queue: Sender<Job>,
+    jobs: Receiver<Job>,
     timer: DeadlineTimer,
+    /// Workers waiting for a job (not blocked in a get).
+    idle: AtomicUsize,
 }
 
 pub struct CallbackStore {
@@ -92,28 +99,40 @@ pub struct CallbackStore {
 impl CallbackStore {
     pub fn new(raw: Arc<dyn RawKvCallbacks>, options: CallbackStoreOptions) -> CallbackStore {
         let (queue, jobs) = unbounded();
-        let threads = options.pool_threads.max(1);
         let shared = Arc::new(Shared {
             raw,
             options,
             pending: Mutex::new(HashMap::new()),
             next_id: Mutex::new(0),
             queue,
+            jobs,
             timer: DeadlineTimer::new("crosshost-kv-retry"),
+            idle: AtomicUsize::new(0),
         });
-        let workers = (0..threads)
-            .map(|i| {
-                let shared = shared.clone();
-                let jobs: Receiver<Job> = jobs.clone();
-                thread::Builder::new()
-                    .name(format!("crosshost-kv-get-{i}"))
-                    .spawn(move || worker(&shared, &jobs))
-                    .expect("spawn CallbackStore worker")
-            })
-            .collect();
-        CallbackStore {
+        let store = CallbackStore {
             shared,
-            workers: Mutex::new(workers),
+            workers: Mutex::new(Vec::new()),
+        };
+        store.add_worker();
+        store
+    }
+
+    /// Starts one more worker if none is idle and the bound allows.
+    fn add_worker(&self) {
+        let mut workers = self.workers.lock();
+        if workers.len() >= self.shared.options.pool_threads.max(1)
+            || (!workers.is_empty() && self.shared.idle.load(AtomicOrdering::Acquire) > 0)
+        {
+            return;
+        }
+        let shared = self.shared.clone();
+        let name = format!("crosshost-kv-get-{}", workers.len());
+        match thread::Builder::new()
+            .name(name)
+            .spawn(move || worker(&shared))
+        {
+            Ok(handle) => workers.push(handle),
+            Err(e) => log::error!("CallbackStore: cannot start a worker: {e}"),
         }
     }
 
@@ -135,9 +154,9 @@ impl CallbackStore {
             stale: stale.map(<[u8]>::to_vec),
             backoff: self.shared.options.min_backoff,
         };
-        // The workers hold the receiver until `Stop`, so this cannot fail
-        // while the store is alive.
+        // The store holds the receiver, so this cannot fail while it lives.
         let _ = self.shared.queue.send(Job::Get(job));
+        self.add_worker();
         WaiterId(id)
     }
 }
@@ -156,8 +175,12 @@ impl Drop for CallbackStore {
     }
 }
 
-fn worker(shared: &Arc<Shared>, jobs: &Receiver<Job>) {
-    while let Ok(Job::Get(mut job)) = jobs.recv() {
+fn worker(shared: &Arc<Shared>) {
+    loop {
+        shared.idle.fetch_add(1, AtomicOrdering::AcqRel);
+        let next = shared.jobs.recv();
+        shared.idle.fetch_sub(1, AtomicOrdering::AcqRel);
+        let Ok(Job::Get(mut job)) = next else { return };
         if !shared.pending.lock().contains_key(&job.id) {
             continue; // cancelled
         }

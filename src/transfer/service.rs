@@ -30,6 +30,7 @@ use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 use crate::transport::shm::SharedRegion;
+use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
 use crate::transport::tcp::{tcp_send, TcpReceiveServer};
 
 #[derive(Clone, Debug)]
@@ -44,7 +45,13 @@ pub struct TransferConfig {
     pub tcp_bind: IpAddr,
     /// Threads running lifecycle hops and copies.
     pub worker_threads: usize,
+    /// Upper bound of the receiver's pool of pre-faulted shared-memory
+    /// segments (0: every destination gets a fresh region).
+    pub shm_pool_bytes: usize,
 }
+
+/// Pooled segments are this large; bigger destinations get their own region.
+pub const SHM_SEGMENT_BYTES: usize = 256 << 20;
 
 impl Default for TransferConfig {
     fn default() -> Self {
@@ -54,7 +61,23 @@ impl Default for TransferConfig {
             force_tcp: false,
             tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             worker_threads: 4,
+            shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
         }
+    }
+}
+
+/// Why a send did not put its bytes in the destination.
+enum CopyError {
+    /// The destination was not this sender's to write (claimed by another
+    /// sender, or no longer there): nothing written, no receipt.
+    Refused(Status),
+    /// This sender held the destination and failed: the receiver is told.
+    Failed(Status),
+}
+
+impl From<Status> for CopyError {
+    fn from(status: Status) -> CopyError {
+        CopyError::Failed(status)
     }
 }
 
@@ -87,6 +110,35 @@ pub struct SendSource {
 static LOCAL_REGIONS: Lazy<Mutex<HashMap<String, Weak<SharedRegion>>>> =
     Lazy::new(Default::default);
 
+/// Other processes' pooled segments this process has mapped as a sender.
+/// Kept across transfers (mapping and faulting 256 MiB costs more than
+/// copying into it); bounded, least recently used first out.
+type MappedSegments = Vec<(String, Arc<SharedRegion>)>;
+static REMOTE_SEGMENTS: Lazy<Mutex<MappedSegments>> = Lazy::new(Default::default);
+const REMOTE_SEGMENT_CACHE: usize = 16;
+
+/// A whole-object mapping of `name` that reaches at least `end`.
+fn mapped_segment(name: &str, end: u64) -> Result<Arc<SharedRegion>> {
+    {
+        let mut cache = REMOTE_SEGMENTS.lock();
+        if let Some(pos) = cache.iter().position(|(n, _)| n == name) {
+            let entry = cache.remove(pos);
+            if entry.1.len() as u64 >= end {
+                let region = entry.1.clone();
+                cache.push(entry);
+                return Ok(region);
+            }
+        }
+    }
+    let region = Arc::new(SharedRegion::open_whole(name)?);
+    let mut cache = REMOTE_SEGMENTS.lock();
+    cache.push((name.to_string(), region.clone()));
+    if cache.len() > REMOTE_SEGMENT_CACHE {
+        cache.remove(0);
+    }
+    Ok(region)
+}
+
 struct PendingEntry {
     receive: PendingReceive,
     peer_process: Option<i32>,
@@ -105,6 +157,7 @@ pub struct TransferService {
     pending: Mutex<HashMap<String, PendingEntry>>,
     tcp_server: OnceCell<TcpReceiveServer>,
     incarnations: Mutex<HashMap<i32, i64>>,
+    pool: ShmPool,
 }
 
 impl TransferService {
@@ -137,11 +190,16 @@ impl TransferService {
             timer: DeadlineTimer::new("crosshost-send-deadline"),
             metrics,
             session,
-            config,
             next_v1_transfer: AtomicI64::new(0),
             pending: Mutex::new(HashMap::new()),
             tcp_server: OnceCell::new(),
             incarnations: Mutex::new(HashMap::new()),
+            pool: ShmPool::new(ShmPoolConfig {
+                segment_len: SHM_SEGMENT_BYTES,
+                max_segments: config.shm_pool_bytes / SHM_SEGMENT_BYTES,
+            })
+            .expect("segment length is a positive multiple of the page size"),
+            config,
         })
     }
 
@@ -173,7 +231,9 @@ impl TransferService {
         placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
-        let epoch = format!("{}.v1", self.session.epoch);
+        // Each receiving process numbers its own v1 transfers: its index
+        // keeps two receivers of one session from sharing key names.
+        let epoch = format!("{}.v1.p{}", self.session.epoch, self.session.process_index);
         specs
             .iter()
             .enumerate()
@@ -276,40 +336,45 @@ impl TransferService {
         placement: &DevicePlacement,
     ) -> Result<ReceiveDestination> {
         let token = AuthToken::generate()?;
+        let nonce = random_u64()?;
         // CUDA hook (issue #5): a CUDA device's destination is device memory
         // exported as a CUDA IPC handle (transfer/cuda_path.rs); everything
         // after the allocation handle is shared with the host path.
-        let (memory, region, allocation, cuda): (Allocation, _, _, _) = if placement.is_host() {
-            let memory = Arc::new(SharedHostMemory::allocate(
-                spec.byte_size,
+        let (memory, lease, allocation, offset, cuda): (Allocation, _, _, _, _) = if placement
+            .is_host()
+        {
+            let memory = Arc::new(SharedHostMemory::new(
+                self.pool.allocate(spec.byte_size)?,
                 placement.counters.clone(),
-            )?);
-            let region = memory.region().clone();
-            let allocation = if use_tcp {
+            ));
+            let lease = memory.lease().clone();
+            // Armed before the descriptor exists: only its holder can claim.
+            lease.claim_slot().arm(nonce);
+            let (allocation, offset) = if use_tcp {
                 let server = self.tcp_server()?;
-                server.register(token, region.clone())?;
-                AllocationHandle::Tcp {
-                    endpoint: server.local_addr(),
-                }
+                server.register(token, lease.clone())?;
+                let endpoint = server.local_addr();
+                (AllocationHandle::Tcp { endpoint }, 0)
             } else {
-                LOCAL_REGIONS
-                    .lock()
-                    .insert(region.name().to_string(), Arc::downgrade(&region));
-                AllocationHandle::SharedMemory {
-                    name: region.name().to_string(),
+                let region = lease.region();
+                let mut local = LOCAL_REGIONS.lock();
+                if local.len() > 64 {
+                    local.retain(|_, r| r.strong_count() > 0);
                 }
+                local.insert(region.name().to_string(), Arc::downgrade(region));
+                let name = region.name().to_string();
+                (AllocationHandle::SharedMemory { name }, lease.offset())
             };
-            (memory, Some(region), allocation, None)
+            (memory, Some(lease), allocation, offset, None)
         } else {
             let cuda = cuda_path::open_destination(placement, spec.byte_size, use_tcp, "receive")?;
-            (cuda.memory(), None, cuda.allocation_handle(), Some(cuda))
+            (cuda.memory(), None, cuda.allocation_handle(), 0, Some(cuda))
         };
-        let nonce = random_u64()?;
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
             allocation,
-            offset: 0,
+            offset,
             byte_size: spec.byte_size as u64,
             element_type: spec.element_type,
             dims: spec.dims.clone(),
@@ -343,10 +408,18 @@ impl TransferService {
         let byte_size = spec.byte_size as u64;
         let definition = receive.future();
         definition.on_ready(move |outcome| {
+            // Whether a sender took the destination (TCP: claimed its token;
+            // shared memory: claimed its slot). An unclaimed one is closed
+            // now, so no sender can write it any more.
+            let mut claimed = lease
+                .as_ref()
+                .is_some_and(|lease| !lease.claim_slot().close_unclaimed(nonce));
             if let Some(service) = service.upgrade() {
                 service.pending.lock().remove(&key_name);
                 if let Some(server) = service.tcp_server.get() {
-                    server.unregister(&token);
+                    if use_tcp && server.unregister(&token).is_none() {
+                        claimed = true;
+                    }
                 }
                 if outcome.is_ok() {
                     service.metrics.add_bytes_received(byte_size);
@@ -355,12 +428,22 @@ impl TransferService {
             if let Some(cuda) = &cuda {
                 cuda.retire();
             }
-            let Some(region) = region else { return };
-            LOCAL_REGIONS.lock().remove(region.name());
-            // The mapping stays (the buffer owns it); only the name goes, so
-            // no process can open the destination any more.
-            if let Err(e) = region.unlink() {
-                log::warn!("unlinking receive destination {}: {e}", region.name());
+            let Some(lease) = lease else { return };
+            if outcome.is_ok() {
+                lease.claim_slot().close();
+            } else if claimed {
+                // Ended without the sender's receipt after a sender took the
+                // destination: its write may still land, so the range must
+                // never be handed out again.
+                lease.quarantine_on_drop();
+            }
+            // A dedicated region's name goes now (the buffer keeps the
+            // mapping); pooled segments stay linked while the pool lives.
+            if let Err(e) = lease.unlink_if_dedicated() {
+                log::warn!(
+                    "unlinking receive destination {}: {e}",
+                    lease.segment_name()
+                );
             }
         });
         Ok(ReceiveDestination {
@@ -475,24 +558,37 @@ impl TransferService {
             let defined = defined.clone();
             let copies = service.copies.clone();
             copies.submit(move || {
-                let outcome = defined
-                    .and_then(|()| service.copy_into_destination(&source, &descriptor, &function));
-                let receipt = match &outcome {
+                let copied = match defined {
+                    Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
+                    Err(status) => Err(CopyError::Failed(status)),
+                };
+                let outcome = match copied {
                     Ok(()) => {
                         service.metrics.add_bytes_sent(source.spec.byte_size as u64);
-                        Receipt::Ok {
-                            nonce: descriptor.nonce,
-                        }
+                        // Bytes first, receipt second: the receiver may read
+                        // the destination as soon as it observes the key.
+                        service.publish_receipt(
+                            &descriptor,
+                            Receipt::Ok {
+                                nonce: descriptor.nonce,
+                            },
+                        )
                     }
-                    Err(status) => Receipt::Error {
-                        nonce: descriptor.nonce,
-                        status: status.clone(),
-                    },
+                    Err(CopyError::Failed(status)) => {
+                        let _ = service.publish_receipt(
+                            &descriptor,
+                            Receipt::Error {
+                                nonce: descriptor.nonce,
+                                status: status.clone(),
+                            },
+                        );
+                        Err(status)
+                    }
+                    // Not this sender's destination (another sender took it,
+                    // or the receive is over): its key is not ours to write.
+                    Err(CopyError::Refused(status)) => Err(status),
                 };
-                // Bytes first, receipt second: the receiver may read the
-                // destination as soon as it observes the key.
-                let published = service.publish_receipt(&descriptor, receipt);
-                promise.set(outcome.and(published));
+                promise.set(outcome);
             });
         });
     }
@@ -514,49 +610,67 @@ impl TransferService {
         source: &SendSource,
         descriptor: &Descriptor,
         function: &str,
-    ) -> Outcome {
+    ) -> std::result::Result<(), CopyError> {
         match &descriptor.allocation {
             AllocationHandle::SharedMemory { name } => {
                 if !descriptor.host.is_local()? {
-                    return Err(status::failed_precondition(format!(
+                    return Err(CopyError::Failed(status::failed_precondition(format!(
                         "{function}: the destination is shared memory on host {}; this sender is on another \
                          host (create the receiving client with transport=tcp)",
                         descriptor.host.hostname
-                    )));
+                    ))));
                 }
                 let local = LOCAL_REGIONS.lock().get(name).and_then(Weak::upgrade);
-                let (region, offset) = match local {
-                    Some(region) => (region, descriptor.offset as usize),
-                    None => (
-                        Arc::new(SharedRegion::open(
-                            name,
-                            descriptor.offset,
-                            descriptor.byte_size,
-                        )?),
-                        0,
-                    ),
+                let region = match local {
+                    Some(region) => region,
+                    None => mapped_segment(name, descriptor.offset + descriptor.byte_size)
+                        .map_err(CopyError::Refused)?,
                 };
-                source
+                descriptor.check_fits_in(region.len() as u64)?;
+                // Single use: take the destination before writing a byte.
+                region
+                    .claim_slot(descriptor.offset)?
+                    .claim(descriptor.nonce)
+                    .map_err(|e| {
+                        CopyError::Refused(Status::new(
+                            e.code,
+                            format!("{function}: {}", e.message),
+                        ))
+                    })?;
+                let offset = descriptor.offset as usize;
+                Ok(source
                     .memory
-                    .read_with(&mut |bytes| region.write_at(offset, bytes))
+                    .read_with(&mut |bytes| region.write_at(offset, bytes))?)
             }
-            AllocationHandle::Tcp { endpoint } => source.memory.read_with(&mut |bytes| {
-                tcp_send(
-                    *endpoint,
-                    &descriptor.auth_token,
-                    descriptor.offset,
-                    bytes,
-                    self.config.send_timeout,
-                )
-            }),
+            AllocationHandle::Tcp { endpoint } => source
+                .memory
+                .read_with(&mut |bytes| {
+                    tcp_send(
+                        *endpoint,
+                        &descriptor.auth_token,
+                        descriptor.offset,
+                        bytes,
+                        self.config.send_timeout,
+                    )
+                })
+                .map_err(|e| match e.code {
+                    // The receiver refused the token: another sender took the
+                    // destination, or the receive is over.
+                    Code::Unauthenticated => CopyError::Refused(e),
+                    _ => CopyError::Failed(e),
+                }),
             // CUDA hook (issue #5): same-node GPU destinations.
-            AllocationHandle::CudaIpc { .. } => {
-                cuda_path::copy_to_destination(&source.memory, descriptor, function)
+            AllocationHandle::CudaIpc { .. } => Ok(cuda_path::copy_to_destination(
+                &source.memory,
+                descriptor,
+                function,
+            )?),
+            AllocationHandle::InProcess { .. } => {
+                Err(CopyError::Failed(status::unimplemented(format!(
+                    "{function}: destination transport {:?} is not offered by this plugin",
+                    descriptor.transport_kind()
+                ))))
             }
-            AllocationHandle::InProcess { .. } => Err(status::unimplemented(format!(
-                "{function}: destination transport {:?} is not offered by the host backend",
-                descriptor.transport_kind()
-            ))),
         }
     }
 

@@ -15,6 +15,7 @@
 //! "Same host" is decided by `HostIdentity` (hostname + boot id); "same
 //! process" additionally by the process id in the descriptor.
 pub mod auth_token;
+pub mod claim;
 pub mod copy;
 pub mod destination;
 pub mod host_identity;

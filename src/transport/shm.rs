@@ -110,6 +110,22 @@ impl SharedRegion {
         SharedRegion::open_with(name, offset, len, true)
     }
 
+    /// Maps a whole existing object (pre-faulted), for senders that keep
+    /// the mapping of a receiver's pooled segment across transfers.
+    pub fn open_whole(name: &str) -> Result<SharedRegion> {
+        validate_shm_name(name)?;
+        let c_name = CString::new(name).expect("validated names contain no NUL");
+        // SAFETY: `c_name` is a valid NUL-terminated string for the call.
+        let raw = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+        if raw < 0 {
+            return SharedRegion::open_with(name, 0, 0, true);
+        }
+        let descriptor = OwnedFd(raw);
+        let len = file_size(&descriptor, name)?;
+        drop(descriptor);
+        SharedRegion::open_with(name, 0, len, true)
+    }
+
     /// `open`, choosing whether to pre-fault the mapping.
     pub fn open_with(name: &str, offset: u64, len: u64, prefault: bool) -> Result<SharedRegion> {
         validate_shm_name(name)?;
@@ -183,6 +199,28 @@ impl SharedRegion {
         // SAFETY: `start_in_mapping < page size <= mapping_len`, so the result
         // stays inside the mapping.
         unsafe { self.mapping.add(self.start_in_mapping) }
+    }
+
+    /// The claim slot (see `claim.rs`) of the destination starting at
+    /// `offset` of a region mapped from the start of its object. The slot
+    /// must lie in the table, before the destination's data.
+    pub fn claim_slot(&self, offset: u64) -> Result<super::claim::ClaimSlot<'_>> {
+        let position = super::claim::slot_position(offset);
+        let end = position + 8;
+        if end > offset || end > self.len as u64 {
+            return Err(status::invalid_argument(format!(
+                "shared-memory region {}: offset {offset} has no claim slot (outside the claim table)",
+                self.name
+            )));
+        }
+        // SAFETY: [position, position+8) lies inside the mapping (checked);
+        // the mapping is page aligned and position is a multiple of 8, so the
+        // pointer is aligned for AtomicU64; the slot is only ever accessed
+        // atomically, by every process mapping the object.
+        let word = unsafe {
+            &*(self.as_ptr().add(position as usize) as *const std::sync::atomic::AtomicU64)
+        };
+        Ok(super::claim::ClaimSlot(word))
     }
 
     /// Copies `bytes` into the region at `offset` (bounds checked).

@@ -15,10 +15,12 @@
 //! `ShmLease::quarantine` so their range is never reused.
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::claim::{claim_table_len, ClaimSlot};
 use super::destination::WritableDestination;
 use super::shm::{CreateOptions, SharedRegion};
 use crate::status::{self, Result};
@@ -173,6 +175,7 @@ impl ShmPool {
                 segment_index,
                 carved_len,
             },
+            quarantined: AtomicBool::new(false),
         })
     }
 
@@ -181,16 +184,18 @@ impl ShmPool {
     }
 
     fn allocate_dedicated(&self, len: usize) -> Result<ShmLease> {
+        let table = claim_table_len(len);
         let region = Arc::new(SharedRegion::create_with(
-            len,
+            table + len,
             CreateOptions { prefault: true },
         )?);
         self.inner.state.lock().stats.dedicated_leases_made += 1;
         Ok(ShmLease {
             region,
-            offset: 0,
+            offset: table,
             len,
             origin: LeaseOrigin::Dedicated,
+            quarantined: AtomicBool::new(false),
         })
     }
 }
@@ -208,14 +213,15 @@ impl Drop for ShmPool {
 impl PoolInner {
     fn new_segment(&self) -> Result<Segment> {
         let len = self.config.segment_len;
-        let region = SharedRegion::create_with(len, CreateOptions { prefault: true })?;
+        let table = claim_table_len(len);
+        let region = SharedRegion::create_with(table + len, CreateOptions { prefault: true })?;
         log::debug!(
             "shared-memory pool grew by segment {} ({len} bytes)",
             region.name()
         );
         Ok(Segment {
             region: Arc::new(region),
-            free: BTreeMap::from([(0, len)]),
+            free: BTreeMap::from([(table, len)]),
         })
     }
 }
@@ -238,6 +244,8 @@ pub struct ShmLease {
     offset: usize,
     len: usize,
     origin: LeaseOrigin,
+    /// Set by `quarantine_on_drop`: the range is retired, not recycled.
+    quarantined: AtomicBool,
 }
 
 impl ShmLease {
@@ -267,6 +275,40 @@ impl ShmLease {
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         self.region.read_at(self.offset + offset, out)
+    }
+
+    /// Marks the lease so that dropping it retires its range instead of
+    /// recycling it (for a lease shared with in-flight users, where
+    /// `quarantine(self)` cannot take it).
+    pub fn quarantine_on_drop(&self) {
+        self.quarantined.store(true, Ordering::Release);
+    }
+
+    /// Whether the range belongs to a pooled segment (whose name stays
+    /// linked while the pool lives) rather than a dedicated region.
+    pub fn is_pooled(&self) -> bool {
+        matches!(self.origin, LeaseOrigin::Pooled { .. })
+    }
+
+    /// Unlinks a dedicated region's name once no sender needs to open it;
+    /// pooled segments keep their names (a no-op for them).
+    pub fn unlink_if_dedicated(&self) -> Result<()> {
+        match self.origin {
+            LeaseOrigin::Dedicated => self.region.unlink(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The claim slot of this destination (see `claim.rs`).
+    pub fn claim_slot(&self) -> ClaimSlot<'_> {
+        self.region
+            .claim_slot(self.offset as u64)
+            .expect("every object the pool makes starts with a claim table covering it")
+    }
+
+    /// The segment (or dedicated region) this lease lives in.
+    pub fn region(&self) -> &Arc<SharedRegion> {
+        &self.region
     }
 
     /// Retires the lease without recycling its range (for receives that
@@ -312,6 +354,17 @@ unsafe impl WritableDestination for ShmLease {
 
 impl Drop for ShmLease {
     fn drop(&mut self) {
+        if self.quarantined.load(Ordering::Acquire) {
+            if let LeaseOrigin::Pooled {
+                pool, carved_len, ..
+            } = std::mem::replace(&mut self.origin, LeaseOrigin::Retired)
+            {
+                let mut state = pool.state.lock();
+                state.stats.leased_bytes -= carved_len;
+                state.stats.quarantined_bytes += carved_len;
+            }
+            return;
+        }
         if let LeaseOrigin::Pooled {
             pool,
             segment_index,

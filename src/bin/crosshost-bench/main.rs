@@ -8,6 +8,7 @@
 //! plugin through the PJRT KV callbacks plus the delete extension.
 mod ffi_client;
 mod kv;
+mod staggered;
 mod stats;
 
 use std::io::{BufRead, BufReader, Write};
@@ -67,8 +68,9 @@ fn library_path(explicit: Option<String>) -> String {
         .into_owned()
 }
 
-fn job_options(node: i64, session: &str) -> Vec<(&'static str, OptionValue)> {
+fn job_options(node: i64, session: &str, pool_bytes: i64) -> Vec<(&'static str, OptionValue)> {
     vec![
+        ("shm_pool_bytes", OptionValue::Int(pool_bytes)),
         ("num_devices", OptionValue::Int(1)),
         ("node_id", OptionValue::Int(node)),
         ("num_nodes", OptionValue::Int(2)),
@@ -87,10 +89,14 @@ fn main() {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let result = if let Some(socket) = flag("--child") {
+        let pool = flag("--pool-bytes")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(1 << 30);
         run_child(
             &library_path(flag("--lib")),
             &socket,
             flag("--session").unwrap_or_default(),
+            pool,
         )
     } else if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("usage: crosshost-bench [--quick] [--lib PATH]\n  two-process transfer benchmark (see README)");
@@ -109,12 +115,15 @@ fn main() {
 
 // ---------------------------------- child -----------------------------------
 
-fn run_child(lib: &str, socket: &str, session: String) -> Result<()> {
+fn run_child(lib: &str, socket: &str, session: String, pool_bytes: i64) -> Result<()> {
     let plugin = Plugin::load(lib)?;
     let target = Box::new(CallbackTarget(Arc::new(RemoteStore::new(
         std::path::Path::new(socket),
     ))));
-    let client = plugin.create_client(&job_options(1, &session), Some(&kv::callbacks(&target)))?;
+    let client = plugin.create_client(
+        &job_options(1, &session, pool_bytes),
+        Some(&kv::callbacks(&target)),
+    )?;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
@@ -219,66 +228,77 @@ fn log_line(s: &str) {
     eprintln!("crosshost-bench: {s}");
 }
 
-fn run_parent(lib: &str, quick: bool) -> Result<()> {
-    let plugin = Plugin::load(lib)?;
-    let store = Arc::new(LocalStore::default());
-    let dir = std::env::temp_dir().join(format!("crosshost-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let socket = dir.join("kv.sock");
-    kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
-    let session = format!("bench-{}", std::process::id());
+/// One sender/receiver pair: this process and a child, in their own session.
+struct Pair {
+    link: ChildLink,
+    client: ffi_client::Client,
+    peer_device: i32,
+    key_base: usize,
+}
 
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
-        .args([
-            "--child",
-            socket.to_str().unwrap(),
-            "--lib",
-            lib,
-            "--session",
-            &session,
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("spawning the receiver process: {e}"))?;
-    let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
-    let mut link = ChildLink { child, reader };
+impl Pair {
+    fn start(
+        plugin: &Arc<Plugin>,
+        lib: &str,
+        socket: &std::path::Path,
+        target: &CallbackTarget,
+        session: &str,
+        pool_bytes: i64,
+    ) -> Result<Pair> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args([
+                "--child",
+                socket.to_str().unwrap(),
+                "--lib",
+                lib,
+                "--session",
+                session,
+                "--pool-bytes",
+                &pool_bytes.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawning the receiver process: {e}"))?;
+        let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
+        let link = ChildLink { child, reader };
+        let client = plugin.create_client(
+            &job_options(0, session, pool_bytes),
+            Some(&kv::callbacks(target)),
+        )?;
+        let peer_device = client.addressable_device_ids()?[0] + 1;
+        Ok(Pair {
+            link,
+            client,
+            peer_device,
+            key_base: 0,
+        })
+    }
 
-    let target = Box::new(CallbackTarget(store.clone()));
-    let client = plugin.create_client(&job_options(0, &session), Some(&kv::callbacks(&target)))?;
-    let my_device = client.addressable_device_ids()?[0];
-    let peer_device = my_device + 1;
-
-    println!(
-        "pjrt-crosshost benchmark: two processes on this host, v2 CrossHostSend/ReceiveBuffers,"
-    );
-    println!(
-        "KV store owned by the parent (served to the child over a Unix socket), host backend.\n"
-    );
-    let memcpy = stats::measure_memcpy(if quick { 16 << 20 } else { 256 << 20 });
-    let mut rows = Vec::new();
-    let mut key_base = 0usize;
-    for (n, case) in cases(quick).iter().enumerate() {
+    fn run(&mut self, n: usize, case: &Case) -> Result<stats::Row> {
         let data = pattern(case.bytes, n);
         let sources = (0..case.batch)
-            .map(|_| client.buffer_from_host(&data, 0))
+            .map(|_| self.client.buffer_from_host(&data, 0))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&ffi_client::Buffer> = sources.iter().collect();
         let mut totals = Vec::new();
         let mut notify = Vec::new();
         for _ in 0..case.repeats {
-            link.send(&format!(
+            self.link.send(&format!(
                 "recv {} {} {} {}",
-                case.bytes, case.batch, key_base, n
+                case.bytes, case.batch, self.key_base, n
             ))?;
-            link.expect("armed")?;
-            let keys: Vec<i64> = (0..case.batch).map(|i| (key_base + i) as i64).collect();
-            key_base += case.batch;
+            self.link.expect("armed")?;
+            let keys: Vec<i64> = (0..case.batch)
+                .map(|i| (self.key_base + i) as i64)
+                .collect();
+            self.key_base += case.batch;
             let t0 = monotonic_ns();
-            let events = client.send(&refs, peer_device, &keys)?;
-            let sent = client.watch(events)?.wait(WAIT)?;
-            let ready: Vec<u64> = link
+            let events = self.client.send(&refs, self.peer_device, &keys)?;
+            let sent = self.client.watch(events)?.wait(WAIT)?;
+            let ready: Vec<u64> = self
+                .link
                 .expect("ready")?
                 .split_whitespace()
                 .map(|w| w.parse::<u64>().map_err(|e| e.to_string()))
@@ -289,30 +309,95 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
                 notify.push(*r as i64 - *s as i64);
             }
         }
-        rows.push(stats::Row::new(case.bytes, case.batch, &totals, &notify));
+        Ok(stats::Row::new(case.bytes, case.batch, &totals, &notify))
     }
-    link.send("metrics")?;
-    let child_metrics = link.expect("metrics")?;
-    drop(link);
-    let parent_metrics = client.metrics_json();
-    drop(client);
+
+    /// Receiver's and sender's plugin metrics; ends the child.
+    fn finish(mut self) -> Result<(String, String)> {
+        self.link.send("metrics")?;
+        let child_metrics = self.link.expect("metrics")?;
+        drop(self.link);
+        Ok((child_metrics, self.client.metrics_json()))
+    }
+}
+
+fn run_parent(lib: &str, quick: bool) -> Result<()> {
+    let plugin = Plugin::load(lib)?;
+    let store = Arc::new(LocalStore::default());
+    let dir = std::env::temp_dir().join(format!("crosshost-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("kv.sock");
+    kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
+    let target = Box::new(CallbackTarget(store.clone()));
+
+    println!(
+        "pjrt-crosshost benchmark: two processes on this host, v2 CrossHostSend/ReceiveBuffers,"
+    );
+    println!(
+        "KV store owned by the parent (served to the child over a Unix socket), host backend.\n"
+    );
+    let memcpy = stats::measure_memcpy(if quick { 16 << 20 } else { 256 << 20 });
+
+    // Receiver with its pool of pre-faulted segments (the default).
+    let mut pooled = Pair::start(
+        &plugin,
+        lib,
+        &socket,
+        &target,
+        &format!("bench-{}-pool", std::process::id()),
+        1 << 30,
+    )?;
+    let mut rows = Vec::new();
+    for (n, case) in cases(quick).iter().enumerate() {
+        rows.push(pooled.run(n, case)?);
+    }
+    let (receiver_metrics, sender_metrics) = pooled.finish()?;
+
+    // Receiver without the pool: every destination is a fresh region.
+    let mut fresh = Pair::start(
+        &plugin,
+        lib,
+        &socket,
+        &target,
+        &format!("bench-{}-fresh", std::process::id()),
+        0,
+    )?;
+    let largest = if quick {
+        Case {
+            bytes: 16 << 20,
+            batch: 1,
+            repeats: 2,
+        }
+    } else {
+        Case {
+            bytes: 256 << 20,
+            batch: 1,
+            repeats: 3,
+        }
+    };
+    let unpooled = fresh.run(1000, &largest)?;
+    fresh.finish()?;
+
     let keys = store.keys();
     let transfer_keys = keys
         .iter()
         .filter(|k| k.starts_with("crosshost/recv/") || k.starts_with("crosshost/desc/"))
         .count();
     let in_process = stats::in_process_latency(&plugin, quick)?;
+    let staggered = staggered::measure(if quick { 5 } else { 21 });
     stats::print_report(
         &rows,
+        &unpooled,
         &memcpy,
         &in_process,
+        &staggered,
         &stats::KvReport {
             transfer_keys_left: transfer_keys,
             other_keys_left: keys.len() - transfer_keys,
             served: store.served.load(std::sync::atomic::Ordering::Relaxed),
             serving_ns: store.serving_ns.load(std::sync::atomic::Ordering::Relaxed),
-            receiver_metrics: child_metrics,
-            sender_metrics: parent_metrics,
+            receiver_metrics,
+            sender_metrics,
         },
     );
     let _ = std::fs::remove_dir_all(&dir);

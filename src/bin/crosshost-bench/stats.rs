@@ -153,7 +153,14 @@ fn jax_reference_gbps(bytes: usize, batch: usize) -> Option<f64> {
     }
 }
 
-pub fn print_report(rows: &[Row], memcpy: &Memcpy, local: &InProcess, kv: &KvReport) {
+pub fn print_report(
+    rows: &[Row],
+    unpooled: &Row,
+    memcpy: &Memcpy,
+    local: &InProcess,
+    staggered: &crate::staggered::Staggered,
+    kv: &KvReport,
+) {
     println!(
         "memcpy (single thread, {}): warm {:.2} GB/s, into fresh pages {:.2} GB/s\n",
         size_name(memcpy.bytes),
@@ -181,8 +188,17 @@ pub fn print_report(rows: &[Row], memcpy: &Memcpy, local: &InProcess, kv: &KvRep
             jax
         );
     }
+    println!(
+        "{:>9} {:>5} {:>10.3} {:>11.1} {:>10.1} {:>10.1} {:>7.2}x {:>7.2}x   (receiver pool off: fresh region per buffer)",
+        size_name(unpooled.bytes), unpooled.batch, unpooled.gbps, unpooled.total_us, unpooled.notify_p50_us,
+        unpooled.notify_p99_us, unpooled.gbps / memcpy.fresh_gbps, unpooled.gbps / memcpy.warm_gbps
+    );
     println!("\nrdy = receiver's buffer ready minus the sender's send event for the same buffer (completion key set → buffer ready, across processes).");
     println!("\nin-process (two clients, shared memory store), 4 KiB x1 over {} runs: send → ready p50 {:.1} µs; key set → ready p50 {:.1} µs", local.runs, local.total_p50_us, local.notify_p50_us);
+    println!(
+        "\nstaggered senders (8 buffers completing last-to-first, 1 ms apart, {} rounds): worst buffer ready after its own completion: per-buffer lifecycle {:.1} µs, old sequential waits {:.1} µs",
+        staggered.rounds, staggered.lifecycle_worst_us, staggered.sequential_worst_us
+    );
     println!("\nKV store (owned by the benchmark): transfer keys left {}, session keys left {}; {} requests served for the child, {:.1} ms spent serving them (blocking waits excluded)",
         kv.transfer_keys_left, kv.other_keys_left, kv.served, kv.serving_ns as f64 / 1e6);
     println!(

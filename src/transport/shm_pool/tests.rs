@@ -15,8 +15,10 @@ fn leases_are_carved_page_aligned_from_one_segment() {
     let a = pool.allocate(100).unwrap();
     let b = pool.allocate(5000).unwrap();
     assert_eq!(a.segment_name(), b.segment_name());
-    assert_eq!(a.offset(), 0);
-    assert_eq!(b.offset(), 4096);
+    // Data starts after the segment's claim table.
+    let table = claim_table_len(64 << 10) as u64;
+    assert_eq!(a.offset(), table);
+    assert_eq!(b.offset(), table + 4096);
     assert_eq!(pool.stats().segments, 1);
     assert_eq!(pool.stats().leased_bytes, 4096 + 8192);
 }
@@ -49,7 +51,7 @@ fn released_ranges_are_recycled_and_coalesced() {
     // The whole segment is one free range again: a full-size lease fits.
     let whole = pool.allocate(64 << 10).unwrap();
     assert_eq!(whole.segment_name(), name);
-    assert_eq!(whole.offset(), 0);
+    assert_eq!(whole.offset(), claim_table_len(64 << 10) as u64);
     assert_eq!(pool.stats().segments, 1);
     assert_eq!(pool.stats().dedicated_leases_made, 0);
 }
@@ -58,7 +60,7 @@ fn released_ranges_are_recycled_and_coalesced() {
 fn oversized_zero_sized_and_overflow_requests_get_dedicated_regions() {
     let pool = small_pool(1);
     let big = pool.allocate((64 << 10) + 1).unwrap();
-    assert_eq!(big.offset(), 0);
+    assert_eq!(big.offset(), claim_table_len((64 << 10) + 1) as u64);
     let empty = pool.allocate(0).unwrap();
     assert!(empty.is_empty());
     let full = pool.allocate(64 << 10).unwrap();
@@ -105,4 +107,26 @@ fn bad_segment_sizes_are_rejected() {
         .unwrap();
         assert_eq!(error.code, Code::InvalidArgument);
     }
+}
+
+#[test]
+fn every_lease_has_its_own_claim_slot_in_the_table() {
+    let pool = small_pool(1);
+    let a = pool.allocate(4096).unwrap();
+    let b = pool.allocate(4096).unwrap();
+    let dedicated = pool.allocate(0).unwrap();
+    a.claim_slot().arm(1);
+    b.claim_slot().arm(2);
+    dedicated.claim_slot().arm(3);
+    // A sender mapping the whole object sees the same slots.
+    let whole = SharedRegion::open_whole(a.segment_name()).unwrap();
+    whole.claim_slot(a.offset()).unwrap().claim(1).unwrap();
+    assert!(whole.claim_slot(b.offset()).unwrap().claim(1).is_err());
+    whole.claim_slot(b.offset()).unwrap().claim(2).unwrap();
+    assert!(
+        !a.claim_slot().close_unclaimed(1),
+        "a's claim is visible to its owner"
+    );
+    // Offsets inside the table have no slot.
+    assert!(whole.claim_slot(0).is_err());
 }

@@ -45,19 +45,22 @@ impl Default for TcpServerConfig {
     }
 }
 
-/// The destinations senders may write, by token. Memory stays valid while a
-/// write is in flight because handlers hold their own `Arc` clone.
+/// The destinations senders may write, by token. A token is single-use: the
+/// first accepted transfer claims (removes) it, so a second or replayed
+/// sender is refused instead of writing a destination that may already be
+/// published. Memory stays valid while a write is in flight because handlers
+/// hold their own `Arc` clone.
 #[derive(Default)]
 struct Registry {
     destinations: Mutex<HashMap<AuthToken, Arc<dyn WritableDestination>>>,
 }
 
 impl Registry {
-    fn lookup(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
+    fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
         // `AuthToken`'s equality is the constant-time compare, and the map's
         // hasher is randomly keyed, so lookup timing reveals nothing useful
         // about registered tokens.
-        self.destinations.lock().get(token).cloned()
+        self.destinations.lock().remove(token)
     }
 }
 
@@ -159,8 +162,9 @@ impl TcpReceiveServer {
         Ok(())
     }
 
-    /// Stops accepting writes for `token` and returns its destination. A
-    /// write already in progress finishes into the (still valid) memory.
+    /// Stops accepting writes for `token` and returns its destination;
+    /// `None` when a sender already claimed it (a write may be in progress
+    /// and finishes into the still valid memory) or it was never registered.
     pub fn unregister(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
         self.registry.destinations.lock().remove(token)
     }
@@ -267,7 +271,7 @@ fn serve_one(stream: &TcpStream, registry: &Registry, config: &TcpServerConfig) 
             return Ok(());
         }
     };
-    let Some(destination) = registry.lookup(&header.token) else {
+    let Some(destination) = registry.claim(&header.token) else {
         return refuse(
             stream,
             status::unauthenticated(
@@ -279,6 +283,11 @@ fn serve_one(stream: &TcpStream, registry: &Registry, config: &TcpServerConfig) 
     };
     let end = header.offset.checked_add(header.length);
     if end.is_none_or(|end| end > destination.len() as u64) {
+        // Nothing was written: the rightful sender may still use the token.
+        registry
+            .destinations
+            .lock()
+            .insert(header.token, destination.clone());
         let message = format!(
             "write of {} bytes at offset {} exceeds the {}-byte destination",
             header.length,

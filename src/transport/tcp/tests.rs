@@ -142,7 +142,7 @@ fn a_sender_dying_mid_stream_frees_the_handler() {
     // One handler thread: the next transfer can only succeed if the broken
     // one released it.
     let server = server_with(1, TIMEOUT);
-    let (token, destination) = registered(&server, 1 << 20);
+    let (token, _destination) = registered(&server, 1 << 20);
     {
         let mut stream = TcpStream::connect(server.local_addr()).unwrap();
         let header = RequestHeader {
@@ -154,8 +154,13 @@ fn a_sender_dying_mid_stream_frees_the_handler() {
         stream.write_all(&[7; 100]).unwrap();
         // Dropped here: the receiver sees EOF after 100 of 1 MiB bytes.
     }
+    // The dead sender claimed the token (bytes may have landed), so it is
+    // spent; the server itself keeps serving other destinations.
+    let again = tcp_send(server.local_addr(), &token, 0, &[1; 8], TIMEOUT).unwrap_err();
+    assert_eq!(again.code, Code::Unauthenticated, "{again}");
+    let (fresh, destination) = registered(&server, 1 << 20);
     let payload = pattern(1 << 20, 5);
-    tcp_send(server.local_addr(), &token, 0, &payload, TIMEOUT).unwrap();
+    tcp_send(server.local_addr(), &fresh, 0, &payload, TIMEOUT).unwrap();
     assert_eq!(destination.to_vec(), payload);
 }
 
@@ -173,7 +178,8 @@ fn a_stalled_sender_times_out_on_the_receiver() {
     // Never sends the payload: the receiver gives up and says why.
     let verdict = read_response(&mut stalled).unwrap().unwrap().unwrap_err();
     assert_eq!(verdict.code, Code::DeadlineExceeded);
-    tcp_send(server.local_addr(), &token, 0, &[1; 64], TIMEOUT).unwrap();
+    let (fresh, _other) = registered(&server, 64);
+    tcp_send(server.local_addr(), &fresh, 0, &[1; 64], TIMEOUT).unwrap();
 }
 
 #[test]
@@ -236,27 +242,33 @@ fn refusing_a_payload_larger_than_the_discard_bound_still_fails_cleanly() {
 }
 
 #[test]
-fn concurrent_senders_fill_disjoint_parts_of_one_destination() {
+fn a_token_admits_exactly_one_transfer_even_when_senders_race() {
     let server = server_with(4, TIMEOUT);
-    let part = 1 << 20;
-    let parts = 6;
-    let (token, destination) = registered(&server, part * parts);
+    let len = 1 << 20;
+    let senders = 6u8;
+    let (token, destination) = registered(&server, len);
     let endpoint = server.local_addr();
-    std::thread::scope(|scope| {
-        for index in 0..parts {
-            scope.spawn(move || {
-                let payload = pattern(part, index as u8);
-                tcp_send(endpoint, &token, (index * part) as u64, &payload, TIMEOUT).unwrap();
-            });
-        }
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..senders)
+            .map(|index| {
+                scope.spawn(move || {
+                    let payload = pattern(len, index);
+                    (index, tcp_send(endpoint, &token, 0, &payload, TIMEOUT))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let seen = destination.to_vec();
-    for index in 0..parts {
-        assert_eq!(
-            &seen[index * part..(index + 1) * part],
-            &pattern(part, index as u8)[..]
-        );
+    let winners: Vec<u8> = outcomes
+        .iter()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    for (_, r) in outcomes.iter().filter(|(_, r)| r.is_err()) {
+        assert_eq!(r.as_ref().unwrap_err().code, Code::Unauthenticated);
     }
+    assert_eq!(destination.to_vec(), pattern(len, winners[0]));
 }
 
 #[test]

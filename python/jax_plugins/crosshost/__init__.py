@@ -1,0 +1,184 @@
+"""JAX plugin registration for pjrt-crosshost (PJRT platform ``crosshost``).
+
+JAX imports this module when it discovers plugins and calls ``initialize()``,
+which registers the ``libpjrt_crosshost.so`` shipped next to this file. After
+``pip install`` nothing else is needed: ``jax.devices("crosshost")`` works.
+
+Environment (all optional, read when JAX initializes its backends):
+
+``PJRT_CROSSHOST_CREATE_OPTIONS``
+    PJRT_Client_Create options, as a JSON object (``{"num_devices": 4}``) or
+    as ``key=value`` pairs separated by ``,`` or ``;``
+    (``num_devices=4,receive_timeout_ms=60000``); values that read as
+    integers are passed as int64, ``true``/``false`` as bools, the rest as
+    strings. The plugin's options: num_devices, session, kv_store, transport,
+    tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms.
+    In a ``jax.distributed`` job JAX adds node_id and num_nodes itself.
+``PJRT_CROSSHOST_JAX_PRIORITY``
+    Backend priority (default -100, below JAX's CPU backend at 0, so that
+    installing the package never makes computations land on a backend that
+    cannot compile). Select the plugin with ``JAX_PLATFORMS=crosshost`` (or
+    ``crosshost,cpu``), which also makes it the default backend -- JAX's
+    cross-process ``device_put`` uses the default backend's transfers.
+``PJRT_CROSSHOST_JAX_LIBRARY``
+    Use this library instead of the packaged one (development builds).
+
+Programs can also call ``initialize(options=..., priority=..., library=...)``
+themselves before touching JAX's backends; later calls are no-ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+PLATFORM = "crosshost"
+LIBRARY_NAME = "libpjrt_crosshost.so"
+OPTIONS_ENV = "PJRT_CROSSHOST_CREATE_OPTIONS"
+PRIORITY_ENV = "PJRT_CROSSHOST_JAX_PRIORITY"
+LIBRARY_ENV = "PJRT_CROSSHOST_JAX_LIBRARY"
+DEFAULT_PRIORITY = -100
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_registered_library: str | None = None
+
+
+def packaged_library() -> Path:
+    """The library installed with this package."""
+    return Path(__file__).resolve().parent / LIBRARY_NAME
+
+
+def library_path() -> Path:
+    """The library ``initialize()`` registers (env override, else packaged)."""
+    override = os.environ.get(LIBRARY_ENV)
+    return Path(override) if override else packaged_library()
+
+
+def _coerce(text: str) -> Any:
+    t = text.strip()
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    try:
+        return int(t)
+    except ValueError:
+        return t
+
+
+def parse_options(text: str) -> dict[str, Any]:
+    """Parses ``PJRT_CROSSHOST_CREATE_OPTIONS`` (JSON object or k=v pairs)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"{OPTIONS_ENV} must be a JSON object, got {text!r}")
+        return dict(value)
+    options: dict[str, Any] = {}
+    for item in text.replace(";", ",").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{OPTIONS_ENV}: expected key=value, got {item!r}")
+        options[key.strip()] = _coerce(value)
+    return options
+
+
+def _env_registers_us() -> str | None:
+    """The path PJRT_NAMES_AND_LIBRARY_PATHS gives for our platform, if any
+    (JAX registers those itself; registering twice would fail)."""
+    spec = os.environ.get("PJRT_NAMES_AND_LIBRARY_PATHS", "")
+    for entry in spec.split(","):
+        name, sep, path = entry.partition(":")
+        if sep and name.strip() == PLATFORM:
+            return path.strip()
+    return None
+
+
+def initialize(
+    options: Mapping[str, Any] | None = None,
+    *,
+    priority: int | None = None,
+    library: str | os.PathLike[str] | None = None,
+) -> None:
+    """Registers the plugin with JAX (JAX calls this with no arguments).
+
+    ``options`` are PJRT_Client_Create options (default: parsed from
+    ``PJRT_CROSSHOST_CREATE_OPTIONS``); ``priority`` the backend priority
+    (default ``PJRT_CROSSHOST_JAX_PRIORITY`` or -100); ``library`` the .so
+    (default ``PJRT_CROSSHOST_JAX_LIBRARY`` or the packaged one).
+    """
+    global _registered_library
+    with _lock:
+        if _registered_library is not None:
+            return
+        from_env = _env_registers_us()
+        if from_env is not None:
+            logger.debug("%s registered through PJRT_NAMES_AND_LIBRARY_PATHS", PLATFORM)
+            _registered_library = from_env
+            return
+        path = Path(library) if library is not None else library_path()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"pjrt-crosshost: plugin library {path} not found. Install the package "
+                "with scripts/install-python-plugin.sh (it copies "
+                f"target/release/{LIBRARY_NAME} into the package), or set {LIBRARY_ENV}."
+            )
+        if options is None:
+            options = parse_options(os.environ.get(OPTIONS_ENV, ""))
+        if priority is None:
+            priority = int(os.environ.get(PRIORITY_ENV, DEFAULT_PRIORITY))
+        from jax._src import xla_bridge
+
+        xla_bridge.register_plugin(
+            PLATFORM,
+            priority=priority,
+            library_path=str(path),
+            # None keeps JAX's own option handling untouched.
+            options=dict(options) if options else None,
+        )
+        _registered_library = str(path)
+
+
+def registered_library() -> str | None:
+    """The library JAX loaded for this platform, once registered."""
+    return _registered_library or _env_registers_us()
+
+
+def metrics() -> list[dict[str, Any]]:
+    """Transfer metrics of every live ``crosshost`` client in this process.
+
+    JAX does not expose its ``PJRT_Client*``, so this reads the plugin's
+    ``pjrt_crosshost_live_clients_metrics_json()`` export: a list of
+    ``{"process_index": N, "metrics": {...}}``, one per client, with the keys
+    of ``pjrt_crosshost_metrics_json`` (keys_created, keys_deleted,
+    delete_failures, keys_outstanding, retained_keys, stale_receipts_rejected,
+    cancellations, timeouts, bytes_received, bytes_sent).
+    Call it after JAX created the backend (e.g. after ``jax.devices()``).
+    """
+    path = registered_library()
+    if path is None:
+        raise RuntimeError("pjrt-crosshost: the plugin is not registered with JAX yet")
+    # dlopen of the path JAX already loaded returns the same library object.
+    lib = ctypes.CDLL(path)
+    fetch = lib.pjrt_crosshost_live_clients_metrics_json
+    fetch.restype = ctypes.c_void_p
+    fetch.argtypes = []
+    free = lib.pjrt_crosshost_free_string
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p]
+    raw = fetch()
+    if not raw:
+        raise RuntimeError("pjrt-crosshost: the metrics export failed")
+    try:
+        return json.loads(ctypes.string_at(raw).decode())
+    finally:
+        free(raw)

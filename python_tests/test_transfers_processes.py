@@ -1,0 +1,357 @@
+"""Two processes, one job: node 0 is this pytest process, node 1 a child
+interpreter (peer_process.py). The key-value store is a KvServer owned by
+the test (a thread here, on localhost TCP); each process reaches it through
+PJRT_Client_Create's KV callbacks (get / try_get / put) plus the plugin's
+KV delete extension, so completion receipts are really deleted.
+
+No kv_store option is given: the plugin must use the callbacks because the
+job has num_nodes = 2. Every wait is bounded; a child still alive at the
+end of a test is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import peer_process as peer
+import pjrt_ctypes as pc
+import transfer_helpers as th
+from conftest import library_path
+from kv_server import KvClient, KvServer
+
+BT = pc.BufferType
+EC = pc.ErrorCode
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def xh(api):
+    return th.Transfers(api)
+
+
+@pytest.fixture
+def server():
+    s = KvServer()
+    yield s
+    s.close()
+
+
+class Job:
+    """Node 0 here + node 1 in a child process, sharing ``server``."""
+
+    def __init__(self, api, server, scenario, options=None, with_delete=True):
+        self.api = api
+        self.server = server
+        self.session = th.unique("job")
+        self.kv = KvClient(server.address)
+        self.ch = peer.Channel(self.kv, self.session)
+        self.callbacks = th.PjrtKvCallbacks(self.kv, with_delete=with_delete)
+        self.client = None
+        cfg = {
+            "lib": str(library_path()),
+            "kv": list(server.address),
+            "node": 1,
+            "nodes": 2,
+            "session": self.session,
+            "scenario": scenario,
+            "options": options or {},
+            "with_delete": with_delete,
+        }
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "peer_process.py"), json.dumps(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=self.err,
+            cwd=HERE,
+        )
+        opts = peer.client_options(0, 2, self.session, options)
+        (self.client,) = th.create_concurrently(
+            [lambda: self.callbacks.create_client(api, opts)], timeout=30
+        )
+        self.ch.get("ready", 30)
+
+    def child_stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read()[-4000:]
+
+    def result(self, step: str, timeout: float = th.WAIT) -> None:
+        try:
+            r = self.ch.get(f"result/{step}", timeout).decode()
+        except TimeoutError:
+            raise AssertionError(
+                f"peer gave no result for {step} in {timeout}s; rc={self.proc.poll()}\n"
+                + self.child_stderr()
+            ) from None
+        assert r == "ok", f"peer step {step}: {r}"
+
+    def finish(self) -> None:
+        """Lets the child destroy its client and exit; checks its exit code."""
+        self.ch.put("finish", b"1")
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("peer did not exit within 20s\n" + self.child_stderr())
+        assert rc == 0, f"peer exited with {rc}\n{self.child_stderr()}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.kill()
+        if self.client is not None:
+            self.client.destroy()
+            self.client = None
+        assert not self.callbacks.errors, f"KV callbacks raised: {self.callbacks.errors}"
+        self.kv.close()
+        self.err.close()
+
+
+@pytest.fixture
+def job_factory(api, server):
+    jobs = []
+
+    def make(*a, **kw):
+        j = Job(api, server, *a, **kw)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.close()
+
+
+def plugin_keys(server, pattern: str = "") -> list[str]:
+    return [
+        k
+        for k in server.keys("crosshost/")
+        if (k.startswith("crosshost/recv/") or k.startswith("crosshost/desc/")) and pattern in k
+    ]
+
+
+# ----------------------------------------------------------------------------
+
+
+def test_two_processes_see_the_same_global_devices(job_factory):
+    job = job_factory("v1", options={})  # any scenario; we only look at devices
+    c = job.client
+    assert [d.id() for d in c.devices()] == [0, 1, 2, 3]
+    assert [d.is_addressable() for d in c.devices()] == [True, True, False, False]
+    assert [d.process_index() for d in c.devices()] == [0, 0, 1, 1]
+    job.kill()
+
+
+@pytest.mark.parametrize(
+    "transport,with_delete",
+    [("auto", True), ("tcp", True), ("auto", False)],
+    ids=["auto", "tcp", "auto-no-delete"],
+)
+def test_v2_both_directions_between_processes(xh, job_factory, server, transport, with_delete):
+    options = {} if transport == "auto" else {"transport": transport}
+    job = job_factory("v2", options=options, with_delete=with_delete)
+    c = job.client
+    d0, d1 = c.addressable_devices()
+    specs = peer.V2_SPECS
+    datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
+    srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
+    evs = xh.send(c, srcs, [2] * len(specs), peer.V2_KEYS_0_TO_1)
+    bufs = xh.receive(c, d1, specs, [3] * len(specs), peer.V2_KEYS_1_TO_0)
+    for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
+        th.expect_ok(th.wait_event(e), f"send event {i}")
+        th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
+        assert b.dims() == s.dims and b.element_type() == s.type
+        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
+    job.result("v2")
+    total = sum(s.nbytes for s in specs)
+    if with_delete:
+        (m,) = th.wait_keys_retired(c)
+        # Every receipt and descriptor key of both directions is gone from
+        # the store (node 1 retires its own; poll: it deletes after readiness).
+        left = th.poll_until(lambda: not plugin_keys(server), 5) or plugin_keys(server)
+        assert left is True or not left, f"keys left in the store: {left}"
+        assert m["retained_keys"] == 0
+    else:
+        m = th.metrics(c)
+        mine = plugin_keys(server, ".d3-1/")  # pair (src 3 -> dst 1): we are the receiver
+        assert m["retained_keys"] > 0, m
+        assert m["retained_keys"] == len(mine), (m, mine)
+        assert m["keys_outstanding"] == m["retained_keys"], m
+    assert m["bytes_received"] == total and m["bytes_sent"] == total, m
+    peer_m = json.loads(job.ch.get("metrics"))
+    assert peer_m["bytes_received"] == total and peer_m["bytes_sent"] == total, peer_m
+    job.finish()
+
+
+def test_v1_descriptors_relayed_by_the_test_both_directions(xh, job_factory, server):
+    job = job_factory("v1")
+    c = job.client
+    d0 = c.addressable_devices()[0]
+    specs = peer.V1_SPECS
+    # 1) node 1 sends into our v1 receive buffers.
+    r = xh.make_receive(c, d0, specs)
+    assert r.notified.count() == 1
+    job.ch.put_list("v1/desc0", r.descriptors)
+    for i, (b, s) in enumerate(zip(r.buffers, specs)):
+        th.expect_ok(th.buffer_status(b), f"v1 buffer {i}")
+        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.V1_SEED_1 + i), f"buf {i}")
+    job.result("v1send")
+    # 2) we send into node 1's buffers.
+    descs = job.ch.get_list("v1/desc1")
+    datas = [th.make_data(s, peer.V1_SEED_0 + i) for i, s in enumerate(specs)]
+    srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
+    sends = [xh.copy_to_remote(b, d) for b, d in zip(srcs, descs)]
+    for i, s in enumerate(sends):
+        err, enqueued = s.wait()
+        th.expect_ok(err, f"on_done {i}")
+        assert enqueued
+    job.result("v1")
+    (m,) = th.wait_keys_retired(c)
+    assert m["bytes_received"] == sum(s.nbytes for s in specs), m
+    job.finish()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_sender_process_killed_before_sending_gives_deadline_exceeded(
+    xh, job_factory, transport
+):
+    timeout_ms = 1500
+    options = {"receive_timeout_ms": timeout_ms}
+    if transport != "auto":
+        options["transport"] = transport
+    job = job_factory("idle", options=options)
+    c = job.client
+    d0 = c.addressable_devices()[0]
+    s = th.spec(BT.F32, 1024)
+    t0 = time.monotonic()
+    bufs = xh.receive(c, d0, [s, s], [2, 3], [1, 2])
+    job.kill()  # SIGKILL: the sender never sends, never says goodbye
+    for i, b in enumerate(bufs):
+        th.expect_code(th.buffer_status(b, timeout=10), EC.DEADLINE_EXCEEDED, f"buffer {i}")
+    elapsed = time.monotonic() - t0
+    assert timeout_ms / 1000 * 0.9 <= elapsed < timeout_ms / 1000 + 3, f"{elapsed:.2f}s"
+    (m,) = th.wait_keys_retired(c)
+    assert m["timeouts"] == 2, m
+    # The client still works and is destroyed without hanging (close()).
+    t1 = time.monotonic()
+    job.close()
+    assert time.monotonic() - t1 < 10
+
+
+def test_creation_without_the_peer_fails_within_session_timeout(api, server):
+    kv = KvClient(server.address)
+    cb = th.PjrtKvCallbacks(kv)
+    opts = peer.client_options(0, 2, th.unique("lonely"), {"session_timeout_ms": 500})
+    t0 = time.monotonic()
+    with pytest.raises(pc.PjrtError) as e:
+        (c,) = th.create_concurrently([lambda: cb.create_client(api, opts)], timeout=15)
+        c.destroy()
+    assert time.monotonic() - t0 < 10
+    assert e.value.code == EC.DEADLINE_EXCEEDED, e.value
+    kv.close()
+
+
+def test_multi_node_without_kv_callbacks_or_store_is_invalid_argument(api):
+    with pytest.raises(pc.PjrtError) as e:
+        api.create_client({"num_nodes": 2, "node_id": 0, "session": th.unique("x")})
+    assert e.value.code == EC.INVALID_ARGUMENT
+
+
+def test_receiver_process_killed_gives_the_sender_deadline_exceeded(xh, job_factory):
+    job = job_factory("idle", options={"send_timeout_ms": 1000})
+    c = job.client
+    s = th.spec(BT.U8, 4096)
+    src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 3))
+    t0 = time.monotonic()
+    job.kill()
+    (ev,) = xh.send(c, [src], [2], [9])
+    th.expect_code(th.wait_event(ev, timeout=10), EC.DEADLINE_EXCEEDED, "send event")
+    assert time.monotonic() - t0 < 5
+
+
+def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, server):
+    """DESIGN §3 rule 6: a value at the completion key whose nonce does not
+    match (a receipt from an earlier job or a forger) is rejected and
+    counted; the real sender's receipt still completes the buffer."""
+    job = job_factory("send_on_go")
+    c = job.client
+    d0 = c.addressable_devices()[0]
+    s = peer.STALE_SPEC
+    (buf,) = xh.receive(c, d0, [s], [2], [1])
+    epoch = server.keys(f"crosshost/session/{job.session}/epoch")
+    assert epoch, server.keys("crosshost/")
+    epoch = job.kv.try_get(epoch[0]).decode()
+    key = f"crosshost/recv/{epoch}.d2-0/1/0"
+    desc = plugin_keys(server, f"{epoch}.d2-0/1/0")
+    assert any(k.startswith("crosshost/desc/") for k in desc), (key, server.keys("crosshost/"))
+    before = th.metrics(c)["stale_receipts_rejected"]
+    for forged in (b"xr1 ok 123456789abcdef", b"xr1 err 42 13 forged failure", b"xr1 cancel 7"):
+        assert job.kv.put(key, forged) is None
+        got = th.poll_until(
+            lambda: th.metrics(c)["stale_receipts_rejected"] > before, timeout=5
+        )
+        assert got, f"forged receipt {forged!r} not counted as stale: {th.metrics(c)}"
+        before = th.metrics(c)["stale_receipts_rejected"]
+        assert not th.is_buffer_ready(buf), f"forged receipt {forged!r} completed the buffer"
+    job.ch.put("go", b"1")
+    th.expect_ok(th.buffer_status(buf), "buffer after the real send")
+    th.assert_same_bytes(th.read_back(buf, s), th.make_data(s, peer.STALE_SEED), "stale test")
+    job.result("send_on_go")
+    th.wait_keys_retired(c)
+    assert th.poll_until(lambda: not plugin_keys(server, f"{epoch}.d2-0/"), 5), plugin_keys(server)
+    job.finish()
+
+
+def test_failed_deletes_keep_the_transfer_status_and_are_counted(xh, job_factory, server):
+    """DESIGN §3 / §7 delete failure: the buffer's status is what the
+    transfer decided (OK, right bytes); the failed deletes are counted and
+    the keys stay in the store."""
+    job = job_factory("send_on_go")
+    c = job.client
+    s = peer.STALE_SPEC
+    (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+    server.fail_ops = {"D"}
+    try:
+        job.ch.put("go", b"1")
+        th.expect_ok(th.buffer_status(buf), "buffer with failing deletes")
+        th.assert_same_bytes(th.read_back(buf, s), th.make_data(s, peer.STALE_SEED), "bytes")
+        job.result("send_on_go")
+        m = th.poll_until(
+            lambda: (lambda m: m if m["delete_failures"] >= 2 else None)(th.metrics(c)), 5
+        ) or th.metrics(c)
+        assert m["delete_failures"] == 2, m  # completion key + descriptor key
+        assert m["keys_deleted"] == 0 and m["keys_outstanding"] == 2, m
+        assert len(plugin_keys(server, ".d2-0/1/0")) == 2, server.keys("crosshost/")
+        th.expect_ok(th.buffer_status(buf), "status unchanged after the failed deletes")
+    finally:
+        server.fail_ops = set()
+    job.finish()
+
+
+@pytest.mark.isolated
+def test_a_store_that_fails_every_read_still_ends_the_receive_by_its_deadline(xh, job_factory, server):
+    timeout_ms = 1000
+    job = job_factory("idle", options={"receive_timeout_ms": timeout_ms})
+    c = job.client
+    s = th.spec(BT.F32, 16)
+    server.fail_ops = {"G", "T"}
+    try:
+        t0 = time.monotonic()
+        (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+        st = th.buffer_status(buf, timeout=10)
+        elapsed = time.monotonic() - t0
+        assert st is not None, "receive succeeded with no sender and a failing store"
+        assert st.code in (EC.DEADLINE_EXCEEDED, EC.UNAVAILABLE), st
+        assert elapsed < timeout_ms / 1000 + 3, f"{elapsed:.2f}s"
+    finally:
+        server.fail_ops = set()
+    th.wait_keys_retired(c)

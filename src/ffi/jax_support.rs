@@ -1,0 +1,118 @@
+//! Entries that JAX (jaxlib 0.10.2, PJRT 0.112) calls while it wraps the
+//! client and that must succeed there: a failure in these aborts the process.
+use std::ffi::CString;
+use std::os::raw::c_char;
+use std::sync::{Arc, Weak};
+
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::bindings::*;
+use super::boundary::null_field;
+use super::handles::{borrow, ClientHandle};
+use crate::api::client::Client;
+
+const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
+
+// jaxlib converts every PJRT_Error to a Status through GetCode, Message and
+// ForEachPayload; an error from ForEachPayload makes it convert that error
+// too, recursing until the stack overflows. Ours carry no payloads, foreign
+// ones are visited through their own vtable.
+crate::pjrt_entry!(error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
+    if args.error.is_null() {
+        return Err(null_field(FOR_EACH_PAYLOAD, "error"));
+    }
+    // SAFETY: `error` is a live PJRT_Error; a live PJRT_Error begins with
+    // the header's vtable pointer.
+    let for_each = unsafe { (*args.error).vtable.as_ref() }.and_then(|t| t.for_each_payload);
+    if let Some(f) = for_each {
+        // SAFETY: the error's own vtable function, with the caller's visitor.
+        unsafe { f(args.error, args.visitor, args.user_arg) };
+    }
+    Ok(())
+});
+
+const UPDATE_PROCESS_INFO: &str = "PJRT_Client_UpdateGlobalProcessInfo";
+
+// jaxlib's multi-process client calls this from a background thread whenever
+// its coordination service reports a change in the job's processes, and
+// aborts the process on an error. The v2 transfer calls carry their own
+// incarnation snapshot (v8 fields), so this only checks and logs the report.
+crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { super::client::client_arg(args.client, UPDATE_PROCESS_INFO) }?;
+    if args.num_process_infos > 0 && args.process_infos.is_null() {
+        return Err(null_field(UPDATE_PROCESS_INFO, "process_infos"));
+    }
+    let infos = if args.num_process_infos == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the header promises `num_process_infos` entries.
+        unsafe { std::slice::from_raw_parts(args.process_infos, args.num_process_infos) }
+    };
+    if log::log_enabled!(log::Level::Debug) {
+        let summary: Vec<String> = infos
+            .iter()
+            .map(|p| format!("task {} incarnation {} state {}", p.task_id, p.incarnation_id, p.state))
+            .collect();
+        log::debug!(
+            "{UPDATE_PROCESS_INFO}: process {} told {:?}",
+            client.client.process_index(),
+            summary
+        );
+    }
+    Ok(())
+});
+
+/// Clients created through the C API and possibly still alive. JAX never
+/// hands out its `PJRT_Client*`, so a program that loaded the plugin through
+/// JAX reads its clients' metrics through
+/// `pjrt_crosshost_live_clients_metrics_json` instead.
+static LIVE_CLIENTS: Lazy<Mutex<Vec<Weak<Client>>>> = Lazy::new(|| Mutex::new(Vec::new()));
+
+// PJRT_Client_Create, plus remembering the new client (weakly) for
+// `pjrt_crosshost_live_clients_metrics_json`.
+crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+    let raw: *mut PJRT_Client_Create_Args = args;
+    // SAFETY: `raw` is the caller's checked args struct, passed on unchanged.
+    let error = unsafe { super::client::client_create(raw) };
+    // SAFETY: null or an error just made by client_create, owned by us now.
+    if let Some(status) = unsafe { super::errors::take_error(error) } {
+        return Err(status);
+    }
+    // SAFETY: client_create succeeded, so `client` is the live handle it made.
+    let handle = unsafe { borrow::<ClientHandle>(args.client, "PJRT_Client_Create", "client") }?;
+    let mut live = LIVE_CLIENTS.lock();
+    live.retain(|c| c.strong_count() > 0);
+    live.push(Arc::downgrade(&handle.client));
+    Ok(())
+});
+
+/// JSON array with one object per live client of this process:
+/// `{"process_index":N,"metrics":{...pjrt_crosshost_metrics_json...}}`, in
+/// creation order. Free with `pjrt_crosshost_free_string`; NULL only on an
+/// internal error.
+#[no_mangle]
+pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
+    std::panic::catch_unwind(|| {
+        let clients: Vec<Arc<Client>> = LIVE_CLIENTS
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let entries: Vec<String> = clients
+            .iter()
+            .map(|c| {
+                format!(
+                    "{{\"process_index\":{},\"metrics\":{}}}",
+                    c.process_index(),
+                    c.metrics_json()
+                )
+            })
+            .collect();
+        CString::new(format!("[{}]", entries.join(",")))
+            .map(CString::into_raw)
+            .unwrap_or(std::ptr::null_mut())
+    })
+    .unwrap_or(std::ptr::null_mut())
+}
