@@ -1,12 +1,11 @@
-//! The client: devices, memories, and buffer creation on the host backend.
+//! The client: devices, memories, and buffer creation on its backend.
 use std::sync::Arc;
 
 use super::buffer::{Buffer, HostArray};
 use super::device::Device;
 use super::element_type::Shape;
 use super::options::{ClientOptions, StoreChoice};
-use crate::backend::host::HostMemory;
-use crate::backend::Allocation;
+use crate::backend::{self, Allocation, Backend};
 use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
 use crate::kv::memory::MemoryStore;
 use crate::kv::KeyValueStore;
@@ -16,7 +15,7 @@ use crate::transfer::service::{TransferConfig, TransferService};
 use crate::transfer::session::Session;
 
 pub const PLATFORM_NAME: &str = "crosshost";
-pub const HOST_DEVICE_KIND: &str = "crosshost-host";
+pub use crate::backend::host::HOST_DEVICE_KIND;
 
 pub struct Client {
     options: ClientOptions,
@@ -25,6 +24,7 @@ pub struct Client {
     devices: Vec<Arc<Device>>,
     platform_version: String,
     transfers: Arc<TransferService>,
+    backend: Arc<dyn Backend>,
 }
 
 /// Picks the store: a named in-process store when asked for; the creator's
@@ -61,6 +61,8 @@ impl Client {
         options: ClientOptions,
         callbacks: Option<Arc<dyn RawKvCallbacks>>,
     ) -> Result<Arc<Client>> {
+        let backend = backend::select(options.backend, options.num_devices)?;
+        let num_devices = backend.device_count();
         let store = choose_store(&options, callbacks)?;
         let session = if options.num_nodes > 1 {
             Session::establish(
@@ -68,11 +70,11 @@ impl Client {
                 &options.session,
                 options.node_id,
                 options.num_nodes,
-                options.num_devices,
+                num_devices,
                 options.session_timeout,
             )?
         } else {
-            Session::local(options.num_devices)?
+            Session::local(num_devices)?
         };
         let process_index = session.process_index;
         let mut devices = Vec::new();
@@ -80,12 +82,16 @@ impl Client {
             let mine = process.process_index == process_index;
             for i in 0..process.num_devices as i32 {
                 let local_id = if mine { i } else { -1 };
+                // Another process's device kind is not exchanged; a job is
+                // assumed to run one kind of device everywhere.
+                let kind = backend.device_kind(if mine { i as usize } else { 0 });
                 devices.push(Arc::new(Device::new(
                     first + i,
                     process.process_index,
                     local_id,
                     mine,
-                    HOST_DEVICE_KIND,
+                    &kind,
+                    backend.clone(),
                 )));
             }
         }
@@ -107,10 +113,16 @@ impl Client {
             devices,
             transfers,
             platform_version: format!(
-                "pjrt-crosshost {} (host backend)",
-                env!("CARGO_PKG_VERSION")
+                "pjrt-crosshost {} ({} backend)",
+                env!("CARGO_PKG_VERSION"),
+                backend.name()
             ),
+            backend,
         }))
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
     }
 
     pub fn transfers(&self) -> &Arc<TransferService> {
@@ -167,10 +179,11 @@ impl Client {
 
     pub fn allocate(&self, device: &Device, bytes: usize, context: &str) -> Result<Allocation> {
         Self::require_addressable(device, context)?;
-        Ok(Arc::new(HostMemory::allocate(
+        self.backend.allocate(
+            device.local_hardware_id as usize,
             bytes,
             device.counters.clone(),
-        )?))
+        )
     }
 
     /// Copies a host array onto `device`. The data is copied before return,
@@ -209,12 +222,9 @@ impl Client {
         }
         let dst = self.allocate(device, src.byte_size(), context)?;
         let target = dst.clone();
-        let size = src.byte_size();
-        let definition = src.when_defined(context, move |source| {
-            let mut staging = vec![0u8; size];
-            source.read(0, &mut staging)?;
-            target.write(0, &staging)
-        })?;
+        let backend = self.backend.clone();
+        let definition =
+            src.when_defined(context, move |source| backend.copy(&**source, &*target))?;
         Ok(Buffer::new(
             src.shape().clone(),
             device.clone(),

@@ -1,7 +1,7 @@
 //! Devices and their memories.
 use std::sync::Arc;
 
-use crate::backend::MemoryCounters;
+use crate::backend::{Backend, DevicePlacement, DriverMemoryInfo, MemoryCounters};
 
 /// The single memory space of a device: its own memory.
 pub const DEVICE_MEMORY_KIND: &str = "device";
@@ -20,6 +20,9 @@ pub struct Device {
     /// Its memory (same id as the device).
     pub memory: Arc<Memory>,
     pub counters: Arc<MemoryCounters>,
+    /// The backend of this process (for a remote device: of this process
+    /// too; a job is assumed to use one backend everywhere).
+    pub backend: Arc<dyn Backend>,
 }
 
 #[derive(Debug)]
@@ -39,6 +42,7 @@ impl Device {
         local_hardware_id: i32,
         addressable: bool,
         kind: &str,
+        backend: Arc<dyn Backend>,
     ) -> Device {
         let memory = Arc::new(Memory {
             id: global_id,
@@ -65,6 +69,26 @@ impl Device {
             ),
             memory,
             counters: Arc::new(MemoryCounters::default()),
+            backend,
+        }
+    }
+
+    /// Where this device's memory comes from; `None` for another process's
+    /// device.
+    pub fn placement(&self) -> Option<DevicePlacement> {
+        self.addressable.then(|| DevicePlacement {
+            backend: self.backend.clone(),
+            index: self.local_hardware_id as usize,
+            counters: self.counters.clone(),
+        })
+    }
+
+    /// The driver's free/total memory of this device (CUDA, addressable).
+    pub fn driver_memory_info(&self) -> Option<DriverMemoryInfo> {
+        if self.addressable {
+            self.backend.memory_info(self.local_hardware_id as usize)
+        } else {
+            None
         }
     }
 }

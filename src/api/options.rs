@@ -2,6 +2,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::backend::BackendChoice;
 use crate::status::{invalid_argument, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -40,8 +41,11 @@ pub enum StoreChoice {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientOptions {
-    /// Addressable devices of this process (host backend).
+    /// Addressable devices of this process (host backend; the CUDA backend
+    /// has the devices the driver shows).
     pub num_devices: usize,
+    /// `backend=auto|host|cuda` (default host).
+    pub backend: BackendChoice,
     pub node_id: i32,
     pub num_nodes: usize,
     /// Name of the job's session in the store (all processes use the same).
@@ -62,6 +66,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             num_devices: 2,
+            backend: BackendChoice::default(),
             node_id: 0,
             num_nodes: 1,
             session: "default".into(),
@@ -77,8 +82,8 @@ impl Default for ClientOptions {
 }
 
 const CONTEXT: &str = "PJRT_Client_Create";
-const KNOWN: &str = "num_devices, node_id, num_nodes, session, kv_store, transport, tcp_bind, \
-                     receive_timeout_ms, send_timeout_ms, session_timeout_ms, shm_pool_bytes";
+const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
+                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, shm_pool_bytes";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
     match value {
@@ -125,6 +130,14 @@ impl ClientOptions {
             match name.as_str() {
                 "num_devices" => {
                     parsed.num_devices = expect_range(name, value, 1, MAX_DEVICES)? as usize
+                }
+                "backend" => {
+                    let s = expect_str(name, value)?;
+                    parsed.backend = BackendChoice::parse(s).ok_or_else(|| {
+                        invalid_argument(format!(
+                            "{CONTEXT}: create option 'backend' must be 'auto', 'host' or 'cuda', got {s:?}"
+                        ))
+                    })?;
                 }
                 "node_id" => parsed.node_id = expect_range(name, value, 0, 1 << 20)? as i32,
                 "num_nodes" => parsed.num_nodes = expect_range(name, value, 1, 1 << 20)? as usize,
@@ -229,5 +242,23 @@ mod tests {
         assert!(
             ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd".into()))]).is_err()
         );
+    }
+
+    #[test]
+    fn backend_option_parses_and_defaults_to_host() {
+        assert_eq!(ClientOptions::default().backend, BackendChoice::Host);
+        for (text, choice) in [
+            ("auto", BackendChoice::Auto),
+            ("host", BackendChoice::Host),
+            ("cuda", BackendChoice::Cuda),
+        ] {
+            let o =
+                ClientOptions::parse(&[("backend".into(), OptionValue::Str(text.into()))]).unwrap();
+            assert_eq!(o.backend, choice);
+        }
+        let err = ClientOptions::parse(&[("backend".into(), OptionValue::Str("rocm".into()))])
+            .unwrap_err();
+        assert!(err.message.contains("backend"), "{}", err.message);
+        assert!(ClientOptions::parse(&[("backend".into(), OptionValue::Int(1))]).is_err());
     }
 }

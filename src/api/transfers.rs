@@ -6,6 +6,7 @@ use super::buffer::Buffer;
 use super::client::Client;
 use super::device::Device;
 use super::element_type::Shape;
+use crate::backend::DevicePlacement;
 use crate::status::{invalid_argument, Result, Status};
 use crate::sync::Future;
 use crate::transfer::service::{BufferSpec, SendSource};
@@ -63,6 +64,15 @@ impl Client {
         Ok(())
     }
 
+    fn placement(&self, device: &Device, function: &str) -> Result<DevicePlacement> {
+        device.placement().ok_or_else(|| {
+            invalid_argument(format!(
+                "{function}: device {} is not addressable by this process",
+                device.global_id
+            ))
+        })
+    }
+
     /// v2 receive: one buffer per spec on `device`, each ready when its own
     /// sender's bytes landed.
     pub fn cross_host_receive(
@@ -83,7 +93,7 @@ impl Client {
             device.global_id,
             &peers,
             incarnations.as_ref().map(|p| p.0.as_slice()),
-            &device.counters,
+            &self.placement(device, function)?,
         )?;
         Ok(specs
             .into_iter()
@@ -129,7 +139,9 @@ impl Client {
     ) -> Result<ReceiveBuffersAndDescriptors> {
         self.own_addressable_device(device, function)?;
         let specs: Vec<BufferSpec> = shapes.iter().map(spec_of).collect();
-        let destinations = self.transfers().receive_v1(&specs, &device.counters)?;
+        let destinations = self
+            .transfers()
+            .receive_v1(&specs, &self.placement(device, function)?)?;
         let mut buffers = Vec::with_capacity(shapes.len());
         let mut descriptors = Vec::with_capacity(shapes.len());
         for (shape, d) in shapes.into_iter().zip(destinations) {

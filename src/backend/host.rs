@@ -3,8 +3,60 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{DeviceMemory, MemoryCounters};
-use crate::status::{out_of_range, resource_exhausted, Result};
+use super::{Allocation, AttributeValue, Backend, DeviceMemory, MemoryCounters};
+use crate::status::{invalid_argument, out_of_range, resource_exhausted, Result};
+
+/// The device kind of host-backend devices.
+pub const HOST_DEVICE_KIND: &str = "crosshost-host";
+
+/// Host memory pretending to be `num_devices` devices.
+#[derive(Debug)]
+pub struct HostBackend {
+    num_devices: usize,
+}
+
+impl HostBackend {
+    pub fn new(num_devices: usize) -> HostBackend {
+        HostBackend { num_devices }
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn is_host(&self) -> bool {
+        true
+    }
+
+    fn device_count(&self) -> usize {
+        self.num_devices
+    }
+
+    fn device_kind(&self, _index: usize) -> String {
+        HOST_DEVICE_KIND.to_string()
+    }
+
+    fn device_attributes(&self, _index: usize) -> Vec<(String, AttributeValue)> {
+        Vec::new()
+    }
+
+    fn allocate(
+        &self,
+        index: usize,
+        bytes: usize,
+        counters: Arc<MemoryCounters>,
+    ) -> Result<Allocation> {
+        if index >= self.num_devices {
+            return Err(invalid_argument(format!(
+                "host backend has {} devices, no device {index}",
+                self.num_devices
+            )));
+        }
+        Ok(Arc::new(HostMemory::allocate(bytes, counters)?))
+    }
+}
 
 /// Cache-line alignment keeps vectorised copies and any element type aligned.
 const ALIGNMENT: usize = 64;

@@ -1,12 +1,18 @@
 //! Device memory. The host backend is always available; a CUDA backend is
 //! loaded dynamically where a driver exists.
+//!
+//! A `Backend` owns a process's devices of one kind: it names them, describes
+//! them and allocates their memory. The client picks one at creation
+//! (`backend=auto|host|cuda`, see `select`).
+pub mod cuda;
 pub mod host;
 pub mod shared;
 
+use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use crate::status::Result;
+use crate::status::{self, Result};
 
 /// Per-device allocation statistics reported by `PJRT_Device_MemoryStats`.
 #[derive(Default, Debug)]
@@ -76,6 +82,136 @@ pub trait DeviceMemory: Send + Sync {
     fn shared_name(&self) -> Option<String> {
         None
     }
+    /// The CUDA allocation behind this memory, if it is one (device-to-device
+    /// copies and IPC export need the device pointer and its device).
+    fn as_cuda(&self) -> Option<&cuda::CudaMemory> {
+        None
+    }
 }
 
 pub type Allocation = Arc<dyn DeviceMemory>;
+
+/// A value of a device description attribute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttributeValue {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+}
+
+/// Free and total bytes of a device, as its driver reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverMemoryInfo {
+    pub free_bytes: usize,
+    pub total_bytes: usize,
+}
+
+/// The devices of one kind in this process and their memory.
+///
+/// `index` is the device's local index (`0..device_count()`), which is also
+/// its local hardware id.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// `"host"` or `"cuda"`.
+    fn name(&self) -> &'static str;
+    /// True when allocations are host-addressable memory.
+    fn is_host(&self) -> bool;
+    fn device_count(&self) -> usize;
+    /// The device kind PJRT reports (the GPU's name on CUDA).
+    fn device_kind(&self, index: usize) -> String;
+    /// Extra description attributes (compute capability, memory size...).
+    fn device_attributes(&self, index: usize) -> Vec<(String, AttributeValue)>;
+    /// A zero-initialised (host) or uninitialised-but-owned (device)
+    /// allocation of `bytes` on device `index`, counted in `counters`.
+    fn allocate(
+        &self,
+        index: usize,
+        bytes: usize,
+        counters: Arc<MemoryCounters>,
+    ) -> Result<Allocation>;
+    /// Copies all of `src` into `dst` (same length). The default stages
+    /// through host memory; backends override it with a device copy.
+    fn copy(&self, src: &dyn DeviceMemory, dst: &dyn DeviceMemory) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(status::invalid_argument(format!(
+                "copy of a {}-byte allocation into a {}-byte one",
+                src.len(),
+                dst.len()
+            )));
+        }
+        src.read_with(&mut |bytes| dst.write(0, bytes))
+    }
+    /// The driver's view of the device's memory, where there is a driver.
+    fn memory_info(&self, _index: usize) -> Option<DriverMemoryInfo> {
+        None
+    }
+}
+
+/// Which backend a client asked for (`backend` create option).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// CUDA when a driver and at least one device are present, else host.
+    Auto,
+    /// Host memory, `num_devices` devices. The default: the host-only tests
+    /// and tools (two devices, host addresses) must not change behaviour just
+    /// because they run on a GPU machine.
+    #[default]
+    Host,
+    /// CUDA, or an error at client creation when it is unavailable.
+    Cuda,
+}
+
+impl BackendChoice {
+    pub fn parse(text: &str) -> Option<BackendChoice> {
+        match text {
+            "auto" => Some(BackendChoice::Auto),
+            "host" => Some(BackendChoice::Host),
+            "cuda" => Some(BackendChoice::Cuda),
+            _ => None,
+        }
+    }
+}
+
+/// Picks the backend for a client. `host_devices` is the device count of the
+/// host backend (the CUDA backend has the devices the driver shows, as
+/// narrowed by `CUDA_VISIBLE_DEVICES`).
+pub fn select(choice: BackendChoice, host_devices: usize) -> Result<Arc<dyn Backend>> {
+    match choice {
+        BackendChoice::Host => Ok(Arc::new(host::HostBackend::new(host_devices))),
+        BackendChoice::Cuda => {
+            let backend: Arc<dyn Backend> = cuda::CudaBackend::get().map_err(|reason| {
+                status::failed_precondition(format!(
+                    "PJRT_Client_Create: backend=cuda was requested but CUDA is unavailable: {}",
+                    reason.message
+                ))
+            })?;
+            Ok(backend)
+        }
+        BackendChoice::Auto => match cuda::CudaBackend::get() {
+            Ok(backend) => Ok(backend as Arc<dyn Backend>),
+            Err(reason) => {
+                log::info!("backend=auto: using the host backend ({})", reason.message);
+                Ok(Arc::new(host::HostBackend::new(host_devices)))
+            }
+        },
+    }
+}
+
+/// Where one addressable device's memory comes from: its backend, its index
+/// there, and its allocation counters.
+#[derive(Clone, Debug)]
+pub struct DevicePlacement {
+    pub backend: Arc<dyn Backend>,
+    pub index: usize,
+    pub counters: Arc<MemoryCounters>,
+}
+
+impl DevicePlacement {
+    pub fn allocate(&self, bytes: usize) -> Result<Allocation> {
+        self.backend
+            .allocate(self.index, bytes, self.counters.clone())
+    }
+
+    pub fn is_host(&self) -> bool {
+        self.backend.is_host()
+    }
+}

@@ -98,6 +98,13 @@ crate::pjrt_entry!(device_memory_stats = "PJRT_Device_MemoryStats", PJRT_Device_
         peak_pool_bytes_is_set,
         peak_allocated_bytes_is_set
     );
+    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
+        // The driver's total memory where there is a driver (CUDA).
+        if let Some(info) = device.device.driver_memory_info() {
+            args.bytes_limit = info.total_bytes as i64;
+            args.bytes_limit_is_set = true;
+        }
+    }
     Ok(())
 });
 

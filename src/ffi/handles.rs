@@ -12,6 +12,7 @@ use super::bindings::*;
 use crate::api::buffer::Buffer;
 use crate::api::client::Client;
 use crate::api::device::{Device, Memory};
+use crate::backend::AttributeValue;
 use crate::status::{invalid_argument, Result};
 use crate::sync::{Future, PromiseOnce};
 
@@ -235,13 +236,30 @@ tagged_handle!(
 
 impl DescriptionHandle {
     fn new(device: Arc<Device>) -> DescriptionHandle {
-        let attributes = NamedValues::new(vec![
-            ("backend".into(), NamedValue::Str("host".into())),
+        let mut named = vec![
+            (
+                "backend".into(),
+                NamedValue::Str(device.backend.name().into()),
+            ),
             (
                 "global_device_id".into(),
                 NamedValue::Int(device.global_id as i64),
             ),
-        ]);
+        ];
+        if device.addressable {
+            let index = device.local_hardware_id as usize;
+            named.extend(device.backend.device_attributes(index).into_iter().map(
+                |(name, value)| {
+                    let value = match value {
+                        AttributeValue::Str(s) => NamedValue::Str(s),
+                        AttributeValue::Int(i) => NamedValue::Int(i),
+                        AttributeValue::Bool(b) => NamedValue::Bool(b),
+                    };
+                    (name, value)
+                },
+            ));
+        }
+        let attributes = NamedValues::new(named);
         DescriptionHandle {
             tag: Self::TAG,
             device,

@@ -15,13 +15,14 @@ use std::time::Duration;
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
+use super::cuda_path;
 use super::descriptor::{AllocationHandle, Descriptor};
 use super::keys::{descriptor_key, CompletionKey};
 use super::receipt::Receipt;
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
 use super::session::Session;
 use crate::backend::shared::SharedHostMemory;
-use crate::backend::{Allocation, MemoryCounters};
+use crate::backend::{Allocation, DevicePlacement};
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
@@ -227,7 +228,7 @@ impl TransferService {
     pub fn receive_v1(
         self: &Arc<Self>,
         specs: &[BufferSpec],
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
         // Each receiving process numbers its own v1 transfers: its index
@@ -238,7 +239,7 @@ impl TransferService {
             .enumerate()
             .map(|(index, spec)| {
                 let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
-                self.open_destination(spec, key, None, None, self.config.force_tcp, counters)
+                self.open_destination(spec, key, None, None, self.config.force_tcp, placement)
             })
             .collect()
     }
@@ -251,7 +252,7 @@ impl TransferService {
         my_device: i32,
         peers: &[(i32, i64)],
         incarnations: Option<&[(i32, i64)]>,
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
         if let Some(snapshot) = incarnations {
@@ -276,7 +277,7 @@ impl TransferService {
                 Some(desc_key),
                 Some(peer.process_index),
                 use_tcp,
-                counters,
+                placement,
             )?);
         }
         Ok(out)
@@ -332,31 +333,42 @@ impl TransferService {
         descriptor_key: Option<String>,
         peer_process: Option<i32>,
         use_tcp: bool,
-        counters: &Arc<MemoryCounters>,
+        placement: &DevicePlacement,
     ) -> Result<ReceiveDestination> {
-        let memory = Arc::new(SharedHostMemory::new(
-            self.pool.allocate(spec.byte_size)?,
-            counters.clone(),
-        ));
-        let lease = memory.lease().clone();
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
-        // Armed before the descriptor exists: only its holder can claim.
-        lease.claim_slot().arm(nonce);
-        let (allocation, offset) = if use_tcp {
-            let server = self.tcp_server()?;
-            server.register(token, lease.clone())?;
-            let endpoint = server.local_addr();
-            (AllocationHandle::Tcp { endpoint }, 0)
+        // CUDA hook (issue #5): a CUDA device's destination is device memory
+        // exported as a CUDA IPC handle (transfer/cuda_path.rs); everything
+        // after the allocation handle is shared with the host path.
+        let (memory, lease, allocation, offset, cuda): (Allocation, _, _, _, _) = if placement
+            .is_host()
+        {
+            let memory = Arc::new(SharedHostMemory::new(
+                self.pool.allocate(spec.byte_size)?,
+                placement.counters.clone(),
+            ));
+            let lease = memory.lease().clone();
+            // Armed before the descriptor exists: only its holder can claim.
+            lease.claim_slot().arm(nonce);
+            let (allocation, offset) = if use_tcp {
+                let server = self.tcp_server()?;
+                server.register(token, lease.clone())?;
+                let endpoint = server.local_addr();
+                (AllocationHandle::Tcp { endpoint }, 0)
+            } else {
+                let region = lease.region();
+                let mut local = LOCAL_REGIONS.lock();
+                if local.len() > 64 {
+                    local.retain(|_, r| r.strong_count() > 0);
+                }
+                local.insert(region.name().to_string(), Arc::downgrade(region));
+                let name = region.name().to_string();
+                (AllocationHandle::SharedMemory { name }, lease.offset())
+            };
+            (memory, Some(lease), allocation, offset, None)
         } else {
-            let region = lease.region();
-            let mut local = LOCAL_REGIONS.lock();
-            if local.len() > 64 {
-                local.retain(|_, r| r.strong_count() > 0);
-            }
-            local.insert(region.name().to_string(), Arc::downgrade(region));
-            let name = region.name().to_string();
-            (AllocationHandle::SharedMemory { name }, lease.offset())
+            let cuda = cuda_path::open_destination(placement, spec.byte_size, use_tcp, "receive")?;
+            (cuda.memory(), None, cuda.allocation_handle(), 0, Some(cuda))
         };
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
@@ -399,7 +411,9 @@ impl TransferService {
             // Whether a sender took the destination (TCP: claimed its token;
             // shared memory: claimed its slot). An unclaimed one is closed
             // now, so no sender can write it any more.
-            let mut claimed = !lease.claim_slot().close_unclaimed(nonce);
+            let mut claimed = lease
+                .as_ref()
+                .is_some_and(|lease| !lease.claim_slot().close_unclaimed(nonce));
             if let Some(service) = service.upgrade() {
                 service.pending.lock().remove(&key_name);
                 if let Some(server) = service.tcp_server.get() {
@@ -411,6 +425,10 @@ impl TransferService {
                     service.metrics.add_bytes_received(byte_size);
                 }
             }
+            if let Some(cuda) = &cuda {
+                cuda.retire();
+            }
+            let Some(lease) = lease else { return };
             if outcome.is_ok() {
                 lease.claim_slot().close();
             } else if claimed {
@@ -641,9 +659,15 @@ impl TransferService {
                     Code::Unauthenticated => CopyError::Refused(e),
                     _ => CopyError::Failed(e),
                 }),
-            AllocationHandle::InProcess { .. } | AllocationHandle::CudaIpc { .. } => {
+            // CUDA hook (issue #5): same-node GPU destinations.
+            AllocationHandle::CudaIpc { .. } => Ok(cuda_path::copy_to_destination(
+                &source.memory,
+                descriptor,
+                function,
+            )?),
+            AllocationHandle::InProcess { .. } => {
                 Err(CopyError::Failed(status::unimplemented(format!(
-                    "{function}: destination transport {:?} is not offered by the host backend",
+                    "{function}: destination transport {:?} is not offered by this plugin",
                     descriptor.transport_kind()
                 ))))
             }

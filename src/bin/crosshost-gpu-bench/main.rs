@@ -1,0 +1,429 @@
+//! crosshost-gpu-bench: cross-process GPU transfer bandwidth and per-buffer
+//! completion latency through the plugin's C API (`backend=cuda`, CUDA IPC
+//! destinations), against a plain device-to-device copy measured in the same
+//! run (DESIGN.md §10: same-node cross-process copy ≥ 0.8× D2D).
+//!
+//! Same two-process layout as `crosshost-bench` (whose C-API client and KV
+//! store it reuses): the parent (node 0) sends, the child (node 1) receives,
+//! checks every byte outside the timed part, and reports when each buffer's
+//! ready event fired. Exits non-zero without a usable CUDA device.
+//!
+//! `--backend host` runs the same harness on the host backend (one device
+//! per process), to smoke-test the benchmark itself on machines without a
+//! GPU; its figures say nothing about GPUs.
+#[allow(dead_code)]
+#[path = "../crosshost-bench/ffi_client.rs"]
+mod ffi_client;
+#[allow(dead_code)]
+#[path = "../crosshost-bench/kv.rs"]
+mod kv;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
+use kv::{CallbackTarget, LocalStore, RemoteStore};
+use pjrt_crosshost::backend::{self, Backend, BackendChoice, MemoryCounters};
+
+const WAIT: Duration = Duration::from_secs(120);
+const MIB: usize = 1 << 20;
+
+struct Case {
+    bytes: usize,
+    batch: usize,
+    repeats: usize,
+}
+
+fn cases(quick: bool) -> Vec<Case> {
+    let c = |bytes, batch, repeats| Case {
+        bytes,
+        batch,
+        repeats,
+    };
+    if quick {
+        return vec![
+            c(4 << 10, 1, 5),
+            c(MIB, 1, 3),
+            c(MIB, 16, 2),
+            c(64 * MIB, 1, 2),
+        ];
+    }
+    vec![
+        c(4 << 10, 1, 31),
+        c(MIB, 1, 15),
+        c(MIB, 64, 5),
+        c(4 * MIB, 1, 11),
+        c(16 * MIB, 1, 7),
+        c(64 * MIB, 1, 5),
+        c(256 * MIB, 1, 3),
+        c(1024 * MIB, 1, 3),
+    ]
+}
+
+/// Period-251 byte pattern, built by repetition (fast for 1 GiB).
+fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
+    let block: Vec<u8> = (0..251)
+        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+        .collect();
+    let mut out = Vec::with_capacity(bytes);
+    while out.len() < bytes {
+        let n = (bytes - out.len()).min(block.len());
+        out.extend_from_slice(&block[..n]);
+    }
+    out
+}
+
+fn library_path(explicit: Option<String>) -> String {
+    if let Some(p) = explicit {
+        return p;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .expect("exe dir")
+        .join("libpjrt_crosshost.so")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn job_options(node: i64, session: &str, backend: &str) -> Vec<(&'static str, OptionValue)> {
+    vec![
+        ("backend", OptionValue::Str(backend.into())),
+        ("num_devices", OptionValue::Int(1)),
+        ("node_id", OptionValue::Int(node)),
+        ("num_nodes", OptionValue::Int(2)),
+        ("session", OptionValue::Str(session.to_string())),
+        ("receive_timeout_ms", OptionValue::Int(120_000)),
+        ("send_timeout_ms", OptionValue::Int(120_000)),
+        ("session_timeout_ms", OptionValue::Int(60_000)),
+    ]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let backend = flag("--backend").unwrap_or_else(|| "cuda".into());
+    let result = if let Some(socket) = flag("--child") {
+        run_child(
+            &library_path(flag("--lib")),
+            &socket,
+            flag("--session").unwrap_or_default(),
+            &backend,
+        )
+    } else if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("usage: crosshost-gpu-bench [--quick] [--lib PATH] [--backend cuda|host]\n  two-process GPU transfer benchmark (backend=cuda)");
+        Ok(())
+    } else {
+        run_parent(
+            &library_path(flag("--lib")),
+            args.iter().any(|a| a == "--quick"),
+            &backend,
+        )
+    };
+    if let Err(e) = result {
+        eprintln!("crosshost-gpu-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+// ---------------------------------- child -----------------------------------
+
+fn run_child(lib: &str, socket: &str, session: String, backend: &str) -> Result<()> {
+    let plugin = Plugin::load(lib)?;
+    let target = Box::new(CallbackTarget(Arc::new(RemoteStore::new(
+        std::path::Path::new(socket),
+    ))));
+    let client = plugin.create_client(
+        &job_options(1, &session, backend),
+        Some(&kv::callbacks(&target)),
+    )?;
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["recv", bytes, batch, key_base, seed, peer] => {
+                let parse = |s: &str| s.parse::<usize>().map_err(|e| e.to_string());
+                let (bytes, batch, key_base, seed) =
+                    (parse(bytes)?, parse(batch)?, parse(key_base)?, parse(seed)?);
+                let peer: i32 = peer.parse().map_err(|e| format!("{e}"))?;
+                let keys: Vec<i64> = (0..batch).map(|i| (key_base + i) as i64).collect();
+                let buffers = client.receive(0, &vec![bytes; batch], peer, &keys)?;
+                let events = buffers
+                    .iter()
+                    .map(|b| client.ready_event(b))
+                    .collect::<Result<Vec<_>>>()?;
+                let times = client.watch(events)?;
+                writeln!(out, "armed").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                let ready = times.wait(WAIT)?;
+                // Check every byte, outside the timed part.
+                let expected = pattern(bytes, seed);
+                let mut got = vec![0u8; bytes];
+                for (i, b) in buffers.iter().enumerate() {
+                    client.to_host(b, &mut got)?;
+                    if got != expected {
+                        return Err(format!(
+                            "buffer {i} of {bytes} bytes: received bytes differ from what was sent"
+                        ));
+                    }
+                }
+                drop(buffers);
+                let list: Vec<String> = ready.iter().map(u64::to_string).collect();
+                writeln!(out, "ready {}", list.join(" ")).map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+            }
+            ["quit"] => break,
+            _ => return Err(format!("child: unknown command {line:?}")),
+        }
+    }
+    Ok(())
+}
+
+// --------------------------------- parent -----------------------------------
+
+struct ChildLink {
+    child: Child,
+    reader: BufReader<std::process::ChildStdout>,
+}
+
+impl ChildLink {
+    fn send(&mut self, line: &str) -> Result<()> {
+        let stdin = self.child.stdin.as_mut().ok_or("child stdin closed")?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("to child: {e}"))
+    }
+
+    fn expect(&mut self, word: &str) -> Result<String> {
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let rest = line
+            .trim_end()
+            .strip_prefix(word)
+            .ok_or_else(|| format!("child said {line:?}, expected {word} (see its stderr)"))?;
+        Ok(rest.trim().to_string())
+    }
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        let _ = self.send("quit");
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[((values.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Plain device-to-device copy of `bytes` on device 0 (CUDA:
+/// cuMemcpyDtoDAsync + stream sync, the same primitive the transfer uses),
+/// median GB/s.
+fn device_copy_gbps(backend: &dyn Backend, bytes: usize, repeats: usize) -> Result<f64> {
+    let counters = Arc::new(MemoryCounters::default());
+    let a = backend
+        .allocate(0, bytes, counters.clone())
+        .map_err(|e| e.to_string())?;
+    let b = backend
+        .allocate(0, bytes, counters)
+        .map_err(|e| e.to_string())?;
+    backend.copy(&*a, &*b).map_err(|e| e.to_string())?; // warm-up
+    let mut rates = Vec::new();
+    for _ in 0..repeats.max(3) {
+        let t = Instant::now();
+        backend.copy(&*a, &*b).map_err(|e| e.to_string())?;
+        rates.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(percentile(&mut rates, 0.5))
+}
+
+struct Row {
+    bytes: usize,
+    batch: usize,
+    gbps: f64,
+    d2d_gbps: f64,
+    total_p50_us: f64,
+    notify_p50_us: f64,
+    notify_p99_us: f64,
+}
+
+fn human(bytes: usize) -> String {
+    if bytes >= MIB {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
+    let choice = match backend_name {
+        "cuda" => BackendChoice::Cuda,
+        "host" => BackendChoice::Host,
+        other => return Err(format!("--backend must be cuda or host, got {other:?}")),
+    };
+    let backend = backend::select(choice, 1).map_err(|e| {
+        format!(
+            "no usable CUDA device: {} (this benchmark needs a GPU)",
+            e.message
+        )
+    })?;
+    eprintln!(
+        "crosshost-gpu-bench: {} {} device(s), device 0 = {}",
+        backend.device_count(),
+        backend.name(),
+        backend.device_kind(0)
+    );
+    let plugin = Plugin::load(lib)?;
+    let store = Arc::new(LocalStore::default());
+    let dir = std::env::temp_dir().join(format!("crosshost-gpu-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let socket = dir.join("kv.sock");
+    kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
+    let session = format!("gpu-bench-{}", std::process::id());
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args([
+            "--child",
+            socket.to_str().unwrap(),
+            "--lib",
+            lib,
+            "--session",
+            &session,
+            "--backend",
+            backend_name,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawning the receiver process: {e}"))?;
+    let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
+    let mut link = ChildLink { child, reader };
+
+    let target = Box::new(CallbackTarget(store.clone()));
+    let client = plugin.create_client(
+        &job_options(0, &session, backend_name),
+        Some(&kv::callbacks(&target)),
+    )?;
+    let my_device = client.addressable_device_ids()?[0];
+    // The child's first device follows all of ours in global id order.
+    let peer_device = my_device + backend.device_count() as i32;
+
+    let mut rows = Vec::new();
+    let mut key_base = 0usize;
+    for (n, case) in cases(quick).iter().enumerate() {
+        let started = Instant::now();
+        let data = pattern(case.bytes, n);
+        let sources = (0..case.batch)
+            .map(|_| client.buffer_from_host(&data, 0))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&ffi_client::Buffer> = sources.iter().collect();
+        let mut totals = Vec::new();
+        let mut notify = Vec::new();
+        // One unmeasured round first (driver and IPC warm-up).
+        for round in 0..=case.repeats {
+            link.send(&format!(
+                "recv {} {} {} {} {}",
+                case.bytes, case.batch, key_base, n, my_device
+            ))?;
+            link.expect("armed")?;
+            let keys: Vec<i64> = (0..case.batch).map(|i| (key_base + i) as i64).collect();
+            key_base += case.batch;
+            let t0 = monotonic_ns();
+            let events = client.send(&refs, peer_device, &keys)?;
+            let sent = client.watch(events)?.wait(WAIT)?;
+            let ready: Vec<u64> = link
+                .expect("ready")?
+                .split_whitespace()
+                .map(|w| w.parse::<u64>().map_err(|e| e.to_string()))
+                .collect::<Result<_>>()?;
+            if round == 0 {
+                continue;
+            }
+            let last = *ready.iter().max().ok_or("no ready times")?;
+            totals.push(last.saturating_sub(t0) as f64 / 1e3);
+            for (r, s) in ready.iter().zip(&sent) {
+                notify.push((*r as i64 - *s as i64) as f64 / 1e3);
+            }
+        }
+        drop(refs);
+        drop(sources);
+        let total_p50_us = percentile(&mut totals, 0.5);
+        let gbps = (case.bytes * case.batch) as f64 / (total_p50_us * 1e3);
+        let d2d_gbps = device_copy_gbps(&*backend, case.bytes * case.batch, case.repeats)?;
+        eprintln!(
+            "crosshost-gpu-bench: {} x{}: {gbps:.2} GB/s ({:.1} s)",
+            human(case.bytes),
+            case.batch,
+            started.elapsed().as_secs_f64()
+        );
+        rows.push(Row {
+            bytes: case.bytes,
+            batch: case.batch,
+            gbps,
+            d2d_gbps,
+            total_p50_us,
+            notify_p50_us: percentile(&mut notify, 0.5),
+            notify_p99_us: percentile(&mut notify, 0.99),
+        });
+    }
+    drop(link);
+    let metrics = client.metrics_json();
+    drop(client);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!(
+        "\npjrt-crosshost GPU benchmark: two processes, {} (device 0), backend={}, v2 send/receive",
+        backend.device_kind(0),
+        backend.name()
+    );
+    println!("sender metrics: {metrics}");
+    println!(
+        "{:>9} {:>5} | {:>10} {:>10} {:>7} | {:>11} {:>11} {:>11}",
+        "size", "bufs", "xfer GB/s", "D2D GB/s", "ratio", "total p50", "notify p50", "notify p99"
+    );
+    for r in &rows {
+        let ratio = r.gbps / r.d2d_gbps;
+        println!(
+            "{:>9} {:>5} | {:>10.2} {:>10.2} {:>6.2}{} | {:>9.1}us {:>9.1}us {:>9.1}us",
+            human(r.bytes),
+            r.batch,
+            r.gbps,
+            r.d2d_gbps,
+            ratio,
+            if r.bytes >= 256 * MIB && ratio < 0.8 {
+                "!"
+            } else {
+                " "
+            },
+            r.total_p50_us,
+            r.notify_p50_us,
+            r.notify_p99_us
+        );
+    }
+    println!(
+        "xfer: send call to last receiver ready event (median); D2D: cuMemcpyDtoD of the same \
+         total bytes on device 0 in this run; notify: receiver ready minus sender's send event, \
+         per buffer. Target (DESIGN.md §10): ratio >= 0.8 at large sizes ('!' marks a miss)."
+    );
+    Ok(())
+}
