@@ -198,6 +198,11 @@ typedef struct PJRT_CrossHost_KvDeleteExtension {
 char* pjrt_crosshost_metrics_json(const PJRT_Client* client);
 void pjrt_crosshost_free_string(char* s);
 
+/* JSON array with one {"process_index":N,"metrics":{...}} object per live
+ * client of this process (for frameworks such as JAX that never expose their
+ * PJRT_Client*). Free with pjrt_crosshost_free_string. */
+char* pjrt_crosshost_live_clients_metrics_json(void);
+
 #ifdef __cplusplus
 }
 #endif

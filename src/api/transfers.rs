@@ -18,6 +18,15 @@ pub struct ReceiveSpec {
     pub transfer_key: i64,
 }
 
+/// One process as the framework reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessReport {
+    pub task: i32,
+    pub incarnation: i64,
+    /// Disconnected or in error.
+    pub lost: bool,
+}
+
 /// The caller's snapshot of alive tasks and their incarnations (v8).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerIncarnations(pub Vec<(i32, i64)>);
@@ -172,6 +181,27 @@ impl Client {
         };
         self.transfers()
             .send_to_descriptor(source, descriptor, function)
+    }
+
+    /// The framework's report on the job's processes
+    /// (`PJRT_Client_UpdateGlobalProcessInfo`): a changed incarnation or a
+    /// lost process fails the receives waiting on it now, not at the
+    /// deadline.
+    pub fn observe_processes(&self, reports: &[ProcessReport]) {
+        let snapshot: Vec<(i32, i64)> = reports.iter().map(|r| (r.task, r.incarnation)).collect();
+        self.transfers().observe_incarnations(&snapshot);
+        for r in reports.iter().filter(|r| r.lost) {
+            let failed = self.transfers().fail_receives_from(
+                r.task,
+                crate::status::unavailable(format!(
+                    "peer task {} was reported disconnected or failed before the transfer completed",
+                    r.task
+                )),
+            );
+            if failed > 0 {
+                log::warn!("peer task {} lost; failed {failed} receives", r.task);
+            }
+        }
     }
 
     /// The transfer metrics as a JSON object.

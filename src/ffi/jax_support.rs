@@ -11,6 +11,7 @@ use super::bindings::*;
 use super::boundary::null_field;
 use super::handles::{borrow, ClientHandle};
 use crate::api::client::Client;
+use crate::api::transfers::ProcessReport;
 
 const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
 
@@ -34,6 +35,44 @@ crate::pjrt_entry!(error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Er
 
 const UPDATE_PROCESS_INFO: &str = "PJRT_Client_UpdateGlobalProcessInfo";
 
+/// Reads an array of `PJRT_ProcessInfo`, stepping by the caller's own
+/// `struct_size` (an older caller's entries may be shorter than ours).
+///
+/// # Safety
+/// `infos` must point to `count` entries, each `infos[0].struct_size` bytes.
+unsafe fn read_process_infos(
+    infos: *const PJRT_ProcessInfo,
+    count: usize,
+) -> crate::status::Result<Vec<ProcessReport>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: non-null (checked by the caller) and at least one entry.
+    let stride = unsafe { (*infos).struct_size };
+    let needed = crate::struct_size_through!(PJRT_ProcessInfo, state);
+    if stride < needed {
+        return Err(crate::status::invalid_argument(format!(
+            "{UPDATE_PROCESS_INFO}: process_infos[0].struct_size {stride} is smaller than the {needed} bytes needed"
+        )));
+    }
+    let base = infos as *const u8;
+    Ok((0..count)
+        .map(|i| {
+            // SAFETY: entry i starts i * stride bytes in and holds at least
+            // `needed` bytes (all entries share the caller's struct size).
+            let info = unsafe { &*(base.add(i * stride) as *const PJRT_ProcessInfo) };
+            ProcessReport {
+                task: info.task_id,
+                incarnation: info.incarnation_id as i64,
+                lost: matches!(
+                    info.state,
+                    PJRT_ProcessState_kDisconnected | PJRT_ProcessState_kError
+                ),
+            }
+        })
+        .collect())
+}
+
 // jaxlib's multi-process client calls this from a background thread whenever
 // its coordination service reports a change in the job's processes, and
 // aborts the process on an error. The v2 transfer calls carry their own
@@ -44,23 +83,14 @@ crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobal
     if args.num_process_infos > 0 && args.process_infos.is_null() {
         return Err(null_field(UPDATE_PROCESS_INFO, "process_infos"));
     }
-    let infos = if args.num_process_infos == 0 {
-        &[][..]
-    } else {
-        // SAFETY: the header promises `num_process_infos` entries.
-        unsafe { std::slice::from_raw_parts(args.process_infos, args.num_process_infos) }
-    };
-    if log::log_enabled!(log::Level::Debug) {
-        let summary: Vec<String> = infos
-            .iter()
-            .map(|p| format!("task {} incarnation {} state {}", p.task_id, p.incarnation_id, p.state))
-            .collect();
-        log::debug!(
-            "{UPDATE_PROCESS_INFO}: process {} told {:?}",
-            client.client.process_index(),
-            summary
-        );
-    }
+    // SAFETY: `num_process_infos` entries of the caller's struct size.
+    let reports = unsafe { read_process_infos(args.process_infos, args.num_process_infos) }?;
+    log::debug!(
+        "{UPDATE_PROCESS_INFO}: process {} told {:?}",
+        client.client.process_index(),
+        reports
+    );
+    client.client.observe_processes(&reports);
     Ok(())
 });
 

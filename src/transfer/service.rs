@@ -477,36 +477,49 @@ impl TransferService {
     /// Records a task snapshot; a peer whose incarnation changed has
     /// restarted, so receives waiting on it fail now instead of at the
     /// deadline.
-    fn observe_incarnations(&self, snapshot: &[(i32, i64)]) {
+    pub fn observe_incarnations(&self, snapshot: &[(i32, i64)]) {
         let mut restarted = Vec::new();
         {
             let mut known = self.incarnations.lock();
             for &(task, incarnation) in snapshot {
                 match known.insert(task, incarnation) {
-                    Some(old) if old != incarnation => restarted.push((task, old, incarnation)),
+                    // 0 is "not known yet", never a restart.
+                    Some(old) if old != incarnation && old != 0 => {
+                        restarted.push((task, old, incarnation))
+                    }
                     _ => {}
                 }
             }
         }
         for (task, old, new) in restarted {
-            let victims: Vec<PendingReceive> = self
-                .pending
-                .lock()
-                .values()
-                .filter(|e| e.peer_process == Some(task))
-                .map(|e| e.receive.clone())
-                .collect();
-            log::warn!(
-                "peer task {task} restarted (incarnation {old} -> {new}); failing {} receives",
-                victims.len()
-            );
-            for receive in victims {
-                let _ = receive.cancel(status::Status::new(
+            let failed = self.fail_receives_from(
+                task,
+                status::Status::new(
                     Code::Aborted,
                     format!("peer task {task} restarted (incarnation {old} -> {new}) before the transfer completed"),
-                ));
-            }
+                ),
+            );
+            log::warn!(
+                "peer task {task} restarted (incarnation {old} -> {new}); failed {failed} receives"
+            );
         }
+    }
+
+    /// Fails every pending receive whose sender is process `task` (it
+    /// restarted or is gone), instead of leaving them to their deadline.
+    /// Returns how many were failed.
+    pub fn fail_receives_from(&self, task: i32, reason: Status) -> usize {
+        let victims: Vec<PendingReceive> = self
+            .pending
+            .lock()
+            .values()
+            .filter(|e| e.peer_process == Some(task))
+            .map(|e| e.receive.clone())
+            .collect();
+        for receive in &victims {
+            let _ = receive.cancel(reason.clone());
+        }
+        victims.len()
     }
 
     // -------------------------------- send ----------------------------------
