@@ -25,19 +25,26 @@ pub trait KvBackend: Send + Sync {
     fn delete(&self, key: &str) -> std::io::Result<()>;
 }
 
+/// The parent's store. A get waits on its own key's condition variable, so a
+/// set wakes only the waiters of that key (not every blocked get).
 #[derive(Default)]
 pub struct LocalStore {
-    map: Mutex<HashMap<String, Vec<u8>>>,
-    changed: Condvar,
+    map: Mutex<Entries>,
     /// Requests served for the child, and the time spent on them (not
     /// counting time blocked waiting for a key).
     pub served: AtomicU64,
     pub serving_ns: AtomicU64,
 }
 
+#[derive(Default)]
+struct Entries {
+    values: HashMap<String, Vec<u8>>,
+    waiters: HashMap<String, Arc<Condvar>>,
+}
+
 impl LocalStore {
     pub fn keys(&self) -> Vec<String> {
-        self.map.lock().keys().cloned().collect()
+        self.map.lock().values.keys().cloned().collect()
     }
 }
 
@@ -45,24 +52,33 @@ impl KvBackend for LocalStore {
     fn get(&self, key: &str, timeout: Duration) -> std::io::Result<Option<Vec<u8>>> {
         let deadline = Instant::now() + timeout;
         let mut map = self.map.lock();
-        loop {
-            if let Some(v) = map.get(key) {
-                return Ok(Some(v.clone()));
+        let waiter = map.waiters.entry(key.to_string()).or_default().clone();
+        let found = loop {
+            if let Some(v) = map.values.get(key) {
+                break Some(v.clone());
             }
-            if self.changed.wait_until(&mut map, deadline).timed_out() {
-                return Ok(map.get(key).cloned());
+            if waiter.wait_until(&mut map, deadline).timed_out() {
+                break map.values.get(key).cloned();
             }
+        };
+        // The last waiter of a key removes its condition variable.
+        if Arc::strong_count(&waiter) == 2 {
+            map.waiters.remove(key);
         }
+        Ok(found)
     }
 
     fn put(&self, key: &str, value: &[u8]) -> std::io::Result<()> {
-        self.map.lock().insert(key.to_string(), value.to_vec());
-        self.changed.notify_all();
+        let mut map = self.map.lock();
+        map.values.insert(key.to_string(), value.to_vec());
+        if let Some(waiter) = map.waiters.get(key) {
+            waiter.notify_all();
+        }
         Ok(())
     }
 
     fn delete(&self, key: &str) -> std::io::Result<()> {
-        self.map.lock().remove(key);
+        self.map.lock().values.remove(key);
         Ok(())
     }
 }
