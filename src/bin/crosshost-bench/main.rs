@@ -6,13 +6,16 @@
 //! With no flags: the parent (node 0, sender) owns the KV store and serves
 //! the child (node 1, receiver) over a Unix socket; both hand it to the
 //! plugin through the PJRT KV callbacks plus the delete extension.
+mod child_link;
 mod ffi_client;
 mod kv;
 mod staggered;
 mod stats;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+
+use child_link::ChildLink;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -171,63 +174,6 @@ fn run_child(lib: &str, socket: &str, session: String, pool_bytes: i64) -> Resul
 
 // --------------------------------- parent -----------------------------------
 
-struct ChildLink {
-    child: Child,
-    reader: BufReader<std::process::ChildStdout>,
-}
-
-impl ChildLink {
-    fn send(&mut self, line: &str) -> Result<()> {
-        let stdin = self.child.stdin.as_mut().ok_or("child stdin closed")?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(|e| format!("to child: {e}"))
-    }
-
-    fn expect(&mut self, word: &str) -> Result<String> {
-        let mut line = String::new();
-        self.reader
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let rest = line
-            .trim_end()
-            .strip_prefix(word)
-            .ok_or_else(|| format!("child said {line:?}, expected {word}"))?;
-        Ok(rest.trim().to_string())
-    }
-}
-
-impl Drop for ChildLink {
-    fn drop(&mut self) {
-        let _ = self.send("quit");
-        if self.child.wait_timeout_or_kill() {
-            log_line("child did not exit; killed");
-        }
-    }
-}
-
-trait WaitOrKill {
-    fn wait_timeout_or_kill(&mut self) -> bool;
-}
-
-impl WaitOrKill for Child {
-    fn wait_timeout_or_kill(&mut self) -> bool {
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.try_wait() {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.kill();
-        let _ = self.wait();
-        true
-    }
-}
-
-fn log_line(s: &str) {
-    eprintln!("crosshost-bench: {s}");
-}
-
 /// One sender/receiver pair: this process and a child, in their own session.
 struct Pair {
     link: ChildLink,
@@ -246,7 +192,7 @@ impl Pair {
         pool_bytes: i64,
     ) -> Result<Pair> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut child = Command::new(exe)
+        let child = Command::new(exe)
             .args([
                 "--child",
                 socket.to_str().unwrap(),
@@ -261,8 +207,7 @@ impl Pair {
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawning the receiver process: {e}"))?;
-        let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
-        let link = ChildLink { child, reader };
+        let link = ChildLink::new(child)?;
         let client = plugin.create_client(
             &job_options(0, session, pool_bytes),
             Some(&kv::callbacks(target)),

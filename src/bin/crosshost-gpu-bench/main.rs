@@ -11,15 +11,18 @@
 //! `--backend host` runs the same harness on the host backend (one device
 //! per process), to smoke-test the benchmark itself on machines without a
 //! GPU; its figures say nothing about GPUs.
+#[path = "../crosshost-bench/child_link.rs"]
+mod child_link;
 #[allow(dead_code)]
 #[path = "../crosshost-bench/ffi_client.rs"]
 mod ffi_client;
 #[allow(dead_code)]
 #[path = "../crosshost-bench/kv.rs"]
 mod kv;
+use child_link::ChildLink;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -188,46 +191,6 @@ fn run_child(lib: &str, socket: &str, session: String, backend: &str) -> Result<
 
 // --------------------------------- parent -----------------------------------
 
-struct ChildLink {
-    child: Child,
-    reader: BufReader<std::process::ChildStdout>,
-}
-
-impl ChildLink {
-    fn send(&mut self, line: &str) -> Result<()> {
-        let stdin = self.child.stdin.as_mut().ok_or("child stdin closed")?;
-        writeln!(stdin, "{line}")
-            .and_then(|()| stdin.flush())
-            .map_err(|e| format!("to child: {e}"))
-    }
-
-    fn expect(&mut self, word: &str) -> Result<String> {
-        let mut line = String::new();
-        self.reader
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let rest = line
-            .trim_end()
-            .strip_prefix(word)
-            .ok_or_else(|| format!("child said {line:?}, expected {word} (see its stderr)"))?;
-        Ok(rest.trim().to_string())
-    }
-}
-
-impl Drop for ChildLink {
-    fn drop(&mut self) {
-        let _ = self.send("quit");
-        for _ in 0..500 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn percentile(values: &mut [f64], p: f64) -> f64 {
     if values.is_empty() {
         return f64::NAN;
@@ -301,7 +264,7 @@ fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
     kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
     let session = format!("gpu-bench-{}", std::process::id());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
+    let child = Command::new(exe)
         .args([
             "--child",
             socket.to_str().unwrap(),
@@ -316,8 +279,7 @@ fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("spawning the receiver process: {e}"))?;
-    let reader = BufReader::new(child.stdout.take().ok_or("no child stdout")?);
-    let mut link = ChildLink { child, reader };
+    let mut link = ChildLink::new(child)?;
 
     let target = Box::new(CallbackTarget(store.clone()));
     let client = plugin.create_client(
