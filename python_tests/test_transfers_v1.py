@@ -299,3 +299,25 @@ def test_v1_receive_without_sender_times_out(api, xh):
     finally:
         c1.destroy()
         c0.destroy()
+
+
+@pytest.mark.isolated
+def test_v1_descriptor_event_never_set_ends_in_deadline_exceeded_not_never(xh, api):
+    """A caller that hands CopyToRemoteDevice an event and never sets it gets
+    on_done(DEADLINE_EXCEEDED, sends_were_enqueued=false) once the sending
+    client's send timeout passed: the wait is bounded."""
+    c0, c1 = th.make_pair(api, send_timeout_ms=300)
+    try:
+        specs = [spec(BT.S32, 16)]
+        srcs, _ = sources(c0, specs, 3)
+        r = receive(xh, c1, specs)
+        send = xh.copy_to_remote(srcs[0], None, event=c0.api.create_event())
+        err, enqueued = send.wait()
+        th.expect_code(err, EC.DEADLINE_EXCEEDED, "on_done")
+        assert not enqueued
+        assert send.done.count() == 1
+        assert not th.is_buffer_ready(r.buffers[0])
+        assert r.cancel(r.descriptors[0]).wait() is None
+    finally:
+        c1.destroy()
+        c0.destroy()

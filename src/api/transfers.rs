@@ -204,6 +204,11 @@ impl Client {
         }
     }
 
+    /// `future`, or DEADLINE_EXCEEDED once the client's send timeout passed.
+    pub fn bounded_by_send_timeout(&self, future: Future, what: &str) -> Future {
+        self.transfers().bounded_by_send_timeout(future, what)
+    }
+
     /// The transfer metrics as a JSON object.
     pub fn metrics_json(&self) -> String {
         self.transfers().metrics().to_json()

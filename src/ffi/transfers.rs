@@ -521,7 +521,12 @@ fn start_copy_to_remote(
     };
     match descriptor_ready {
         None => send(Ok(())),
-        Some(future) => future.on_ready(move |outcome| send(outcome.clone())),
+        // Bounded: an event never set ends in DEADLINE_EXCEEDED through
+        // on_done after the client's send timeout, instead of never.
+        Some(future) => source
+            .client
+            .bounded_by_send_timeout(future, "the descriptor event")
+            .on_ready(move |outcome| send(outcome.clone())),
     }
     Ok(())
 }

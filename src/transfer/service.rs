@@ -460,6 +460,29 @@ impl TransferService {
         })
     }
 
+    /// `future`'s outcome, or DEADLINE_EXCEEDED if it is not ready within
+    /// the send timeout (for waits a caller controls, such as v1's
+    /// descriptor event).
+    pub fn bounded_by_send_timeout(self: &Arc<Self>, future: Future, what: &str) -> Future {
+        let (promise, bounded) = PromiseOnce::new();
+        let timeout = self.config.send_timeout;
+        let what = what.to_string();
+        let on_timeout = promise.clone();
+        let timer_id = self.timer.schedule_after(timeout, move || {
+            on_timeout.set(Err(status::deadline_exceeded(format!(
+                "{what} was not ready within the send timeout ({timeout:?})"
+            ))));
+        });
+        let service = Arc::downgrade(self);
+        future.on_ready(move |outcome| {
+            promise.set(outcome.clone());
+            if let Some(service) = service.upgrade() {
+                service.timer.cancel(timer_id);
+            }
+        });
+        bounded
+    }
+
     /// v1 cancellation of one descriptor's buffer.
     pub fn cancel_v1(&self, descriptor: &[u8], reason: Status, function: &str) -> Result<()> {
         let descriptor = Descriptor::decode(descriptor)
