@@ -18,6 +18,7 @@ use std::ptr;
 use std::time::Duration;
 
 use crate::ffi::bindings::*;
+use crate::ffi::errors::error_into_raw;
 use crate::kv::RawKvCallbacks;
 use crate::status::{self, Code, Result, Status};
 
@@ -25,31 +26,6 @@ use crate::status::{self, Code, Result, Status};
 // The PJRT_CallbackError implementation and its error object.
 // ---------------------------------------------------------------------------
 
-/// An error built by `callback_error`. `#[repr(C)]` with the `PJRT_Error`
-/// header first, so a `*mut CallbackErrorBox` is a valid `*mut PJRT_Error`.
-#[repr(C)]
-struct CallbackErrorBox {
-    base: PJRT_Error,
-    code: PJRT_Error_Code,
-    message: String,
-}
-
-struct Vtable(PJRT_Error_FunctionTable);
-// SAFETY: the table is immutable and holds only function pointers and a null
-// extension pointer; sharing it between threads is sound.
-unsafe impl Sync for Vtable {}
-
-static CALLBACK_ERROR_VTABLE: Vtable = Vtable(PJRT_Error_FunctionTable {
-    struct_size: size_of::<PJRT_Error_FunctionTable>(),
-    instance_size: size_of::<CallbackErrorBox>(),
-    extension_start: ptr::null_mut(),
-    destroy: Some(box_destroy),
-    message: Some(box_message),
-    get_code: Some(box_get_code),
-    for_each_payload: Some(box_for_each_payload),
-});
-
-/// What every callback receives as `callback_error` (a pointer to this).
 static CALLBACK_ERROR: PJRT_CallbackError = Some(callback_error);
 
 fn callback_error_ptr() -> *mut PJRT_CallbackError {
@@ -70,91 +46,22 @@ unsafe extern "C" fn callback_error(
         let bytes = unsafe { std::slice::from_raw_parts(message as *const u8, message_size) };
         String::from_utf8_lossy(bytes).into_owned()
     };
-    let boxed = Box::new(CallbackErrorBox {
-        base: PJRT_Error {
-            vtable: &CALLBACK_ERROR_VTABLE.0,
-        },
-        code,
-        message,
-    });
-    Box::into_raw(boxed) as *mut PJRT_Error
+    // The plugin's own error object (ffi/errors.rs): a well-formed
+    // PJRT_Error whose vtable any reader can use.
+    error_into_raw(Status::new(Code::from_raw(code as i32), message))
 }
 
-unsafe extern "C" fn box_destroy(error: *mut PJRT_Error) {
-    if !error.is_null() {
-        // SAFETY: this vtable entry is only reachable from errors built by
-        // `callback_error`, which are `Box<CallbackErrorBox>` cast to
-        // `PJRT_Error*`; destroy is called once per error.
-        drop(unsafe { Box::from_raw(error as *mut CallbackErrorBox) });
-    }
-}
-
-unsafe extern "C" fn box_message(
-    error: *const PJRT_Error,
-    message: *mut *const c_char,
-    message_size: *mut usize,
-) {
-    // SAFETY: `error` is a live `CallbackErrorBox` (see `box_destroy`); the
-    // out pointers are the caller's and non-null by the vtable contract.
-    unsafe {
-        let error = &*(error as *const CallbackErrorBox);
-        *message = error.message.as_ptr() as *const c_char;
-        *message_size = error.message.len();
-    }
-}
-
-unsafe extern "C" fn box_get_code(error: *const PJRT_Error) -> PJRT_Error_Code {
-    // SAFETY: `error` is a live `CallbackErrorBox` (see `box_destroy`).
-    unsafe { (*(error as *const CallbackErrorBox)).code }
-}
-
-unsafe extern "C" fn box_for_each_payload(
-    _error: *const PJRT_Error,
-    _visitor: PJRT_Error_PayloadVisitor,
-    _user_arg: *mut c_void,
-) {
-    // No payloads.
-}
-
-/// Reads code and message from an error a callback returned, then frees it.
+/// Turns an error a callback returned (made by our `callback_error`, or by
+/// any other implementation of the header's error vtable) into a Status
+/// naming the call, and frees it.
 ///
 /// # Safety
-/// `error` is a non-null `PJRT_Error*` returned by a KV callback and not yet
-/// freed; by the PJRT contract it was built by `callback_error`, and in any
-/// case it carries a PJRT 0.114 error vtable.
+/// `error` is a non-null, live `PJRT_Error` that the caller owns.
 unsafe fn take_error(error: *mut PJRT_Error, what: &str) -> Status {
-    // SAFETY: caller guarantees a live error with a vtable header.
-    let vtable = unsafe { (*error).vtable };
-    if vtable.is_null() {
-        return status::unknown(format!(
-            "{what}: callback returned an error without a vtable"
-        ));
-    }
-    // SAFETY: a non-null vtable of a live error is a valid function table.
-    let vtable = unsafe { &*vtable };
-    let code = match vtable.get_code {
-        // SAFETY: calling the error's own accessor on the live error.
-        Some(get_code) => Code::from_raw(unsafe { get_code(error) } as i32),
-        None => Code::Unknown,
-    };
-    let mut text = String::new();
-    if let Some(message) = vtable.message {
-        let mut data: *const c_char = ptr::null();
-        let mut size = 0usize;
-        // SAFETY: the accessor writes a pointer valid for the error's lifetime
-        // and its size; we copy it before destroying the error.
-        unsafe { message(error, &mut data, &mut size) };
-        if !data.is_null() && size > 0 {
-            // SAFETY: see above; `size` bytes at `data` are readable.
-            let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, size) };
-            text = String::from_utf8_lossy(bytes).into_owned();
-        }
-    }
-    if let Some(destroy) = vtable.destroy {
-        // SAFETY: we own the error (the callback handed it to us) and free it once.
-        unsafe { destroy(error) };
-    }
-    Status::new(code, format!("{what}: {text}"))
+    // SAFETY: forwarded contract.
+    let status = unsafe { crate::ffi::errors::take_error(error) }
+        .unwrap_or_else(|| status::unknown("null error"));
+    Status::new(status.code, format!("{what}: {}", status.message))
 }
 
 /// Copies a returned value and hands it back to its deleter.
