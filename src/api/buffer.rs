@@ -172,6 +172,26 @@ impl HostArray<'_> {
         )
     }
 
+    /// The array's bytes when they are already dense row-major (no strides,
+    /// or strides equal to the dense ones); `None` when a gather is needed.
+    pub fn contiguous(&self, shape: &Shape, context: &str) -> Result<Option<&[u8]>> {
+        let dense = match self.byte_strides {
+            None => true,
+            Some(s) => shape.byte_size() == 0 || s == shape.dense_byte_strides().as_slice(),
+        };
+        if !dense {
+            return Ok(None);
+        }
+        let end = self
+            .origin
+            .checked_add(shape.byte_size())
+            .filter(|e| *e <= self.bytes.len())
+            .ok_or_else(|| {
+                invalid_argument(format!("{context}: host data shorter than the shape"))
+            })?;
+        Ok(Some(&self.bytes[self.origin..end]))
+    }
+
     /// Gathers the array into dense row-major bytes.
     pub fn to_dense(&self, shape: &Shape, context: &str) -> Result<Vec<u8>> {
         let size = shape.byte_size();

@@ -195,9 +195,12 @@ impl Client {
         device: &Arc<Device>,
         context: &str,
     ) -> Result<Arc<Buffer>> {
-        let dense = host.to_dense(&shape, context)?;
         let data = self.allocate(device, shape.byte_size(), context)?;
-        data.write(0, &dense)?;
+        match host.contiguous(&shape, context)? {
+            // Row-major input is copied once, straight into device memory.
+            Some(bytes) => data.write(0, bytes)?,
+            None => data.write(0, &host.to_dense(&shape, context)?)?,
+        }
         Ok(Buffer::new(
             shape,
             device.clone(),
