@@ -22,6 +22,10 @@ pub struct Staggered {
     pub lifecycle_worst_us: f64,
     pub sequential_worst_us: f64,
     pub rounds: usize,
+    /// Completion overhead through the lifecycle, p50 over every buffer:
+    /// key set → buffer ready, and key set → key deleted.
+    pub set_to_ready_p50_us: f64,
+    pub set_to_retired_p50_us: f64,
 }
 
 /// Sets the buffers' keys last-to-first, `GAP` apart; returns set times.
@@ -63,6 +67,7 @@ pub fn measure(rounds: usize) -> Staggered {
         ReceiveConfig::default(),
     );
     let (mut lifecycle, mut sequential) = (Vec::new(), Vec::new());
+    let (mut to_ready, mut to_retired) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         // Per-buffer lifecycle.
         let keys: Vec<CompletionKey> = (0..BUFFERS)
@@ -70,6 +75,7 @@ pub fn measure(rounds: usize) -> Staggered {
             .collect();
         let start = Instant::now();
         let ready = Arc::new(Mutex::new(vec![Duration::ZERO; BUFFERS]));
+        let retired = Arc::new(Mutex::new(vec![Duration::ZERO; BUFFERS]));
         let pending: Vec<_> = keys
             .iter()
             .enumerate()
@@ -81,14 +87,23 @@ pub fn measure(rounds: usize) -> Staggered {
                 receive
                     .future()
                     .on_ready(move |_| ready.lock()[i] = start.elapsed());
+                let retired = retired.clone();
+                receive
+                    .retired()
+                    .on_ready(move |_| retired.lock()[i] = start.elapsed());
                 receive
             })
             .collect();
         let set_at = complete_in_reverse(&store, &keys, start);
         for p in &pending {
             p.future().wait().expect("lifecycle receive");
+            let _ = p.retired().wait();
         }
         lifecycle.push(worst(&ready.lock(), &set_at));
+        for (i, set) in set_at.iter().enumerate() {
+            to_ready.push(ready.lock()[i].saturating_sub(*set).as_secs_f64() * 1e6);
+            to_retired.push(retired.lock()[i].saturating_sub(*set).as_secs_f64() * 1e6);
+        }
 
         // The old design: wait for key 0, then key 1, ...
         let keys: Vec<CompletionKey> = (0..BUFFERS)
@@ -124,5 +139,7 @@ pub fn measure(rounds: usize) -> Staggered {
         lifecycle_worst_us: median(&mut lifecycle),
         sequential_worst_us: median(&mut sequential),
         rounds,
+        set_to_ready_p50_us: median(&mut to_ready),
+        set_to_retired_p50_us: median(&mut to_retired),
     }
 }

@@ -193,8 +193,8 @@ pub fn print_report(
         size_name(unpooled.bytes), unpooled.batch, unpooled.gbps, unpooled.total_us, unpooled.notify_p50_us,
         unpooled.notify_p99_us, unpooled.gbps / memcpy.fresh_gbps, unpooled.gbps / memcpy.warm_gbps
     );
-    println!("\nrdy = receiver's buffer ready minus the sender's send event for the same buffer (completion key set → buffer ready, across processes).");
-    println!("\nin-process (two clients, shared memory store), 4 KiB x1 over {} runs: send → ready p50 {:.1} µs; key set → ready p50 {:.1} µs", local.runs, local.total_p50_us, local.notify_p50_us);
+    println!("\nrdy = receiver's buffer ready minus the sender's send event for the same buffer, across processes. The sender's event fires just after it sets the completion key, so a fast receiver can come out slightly negative.");
+    println!("\nin-process (two clients, shared memory store), 4 KiB x1 over {} runs: send → ready p50 {:.1} µs; sender's event → receiver ready p50 {:.1} µs", local.runs, local.total_p50_us, local.notify_p50_us);
     println!(
         "\nstaggered senders (8 buffers completing last-to-first, 1 ms apart, {} rounds): worst buffer ready after its own completion: per-buffer lifecycle {:.1} µs, old sequential waits {:.1} µs",
         staggered.rounds, staggered.lifecycle_worst_us, staggered.sequential_worst_us
@@ -247,9 +247,10 @@ pub fn print_report(
         );
     }
     println!(
-        "  completion overhead p50 <= 20 µs (memory store):          {:.1} µs  {}",
-        local.notify_p50_us,
-        verdict(local.notify_p50_us <= 20.0)
+        "  completion overhead p50 <= 20 µs (memory store, key set -> ready -> key deleted): {:.1} µs  {}  (set -> ready {:.1} µs)",
+        staggered.set_to_retired_p50_us,
+        verdict(staggered.set_to_retired_p50_us <= 20.0),
+        staggered.set_to_ready_p50_us
     );
     println!(
         "  4 KiB one-buffer in-process <= 50 µs:                     {:.1} µs  {}",
