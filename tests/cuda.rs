@@ -333,9 +333,12 @@ fn v2_transfer_between_two_clients_in_one_process_lands_every_buffer() -> TestRe
             transfer_key: 100 + i as i64,
         })
         .collect();
-    let received = receiver
+    let received: Vec<_> = receiver
         .cross_host_receive(&dst_device, specs, None, "t")
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter_map(|b| b.into_embedded())
+        .collect();
     for b in &received {
         check!(
             !b.allocation("t").unwrap().is_host_memory(),
@@ -349,7 +352,7 @@ fn v2_transfer_between_two_clients_in_one_process_lands_every_buffer() -> TestRe
     let keys: Vec<i64> = (0..sizes.len()).map(|i| 100 + i as i64).collect();
     let sent = sender
         .cross_host_send(
-            sources,
+            sources.into_iter().map(Into::into).collect(),
             &vec![dst_device.global_id; sizes.len()],
             &keys,
             None,
@@ -381,6 +384,10 @@ fn v1_receive_then_send_in_one_client_and_cancellation() -> TestResult {
     let (buffers, descriptors) = client
         .make_receive_buffers(&device, vec![u8_shape(data.len()), u8_shape(64)], "t")
         .map_err(|e| e.to_string())?;
+    let buffers: Vec<_> = buffers
+        .into_iter()
+        .filter_map(|b| b.into_embedded())
+        .collect();
     // Buffer 1 is cancelled: its event fails with the reason, at once.
     client
         .cancel_receive(&descriptors[1], status::cancelled("test cancels"), "t")
@@ -396,7 +403,7 @@ fn v1_receive_then_send_in_one_client_and_cancellation() -> TestResult {
     // Buffer 0 still receives.
     let source = upload(&client, &device, &data)?;
     let sent = client
-        .send_to_descriptor(source, &descriptors[0], "t")
+        .send_to_descriptor(source.into(), &descriptors[0], "t")
         .map_err(|e| e.to_string())?;
     sent.wait_timeout(PATIENCE)
         .ok_or("send never finished")?
@@ -405,7 +412,7 @@ fn v1_receive_then_send_in_one_client_and_cancellation() -> TestResult {
     // A send to the cancelled destination finds nothing to write into.
     let late = upload(&client, &device, &pattern(64, 1))?;
     let outcome = client
-        .send_to_descriptor(late, &descriptors[1], "t")
+        .send_to_descriptor(late.into(), &descriptors[1], "t")
         .map_err(|e| e.to_string())?
         .wait_timeout(PATIENCE)
         .ok_or("late send never finished")?;

@@ -38,7 +38,12 @@ fn pending_receive(receiver: &Client, key: i64) -> pjrt_crosshost::sync::Future 
     let buffers = receiver
         .cross_host_receive(&device, vec![spec], None, "t")
         .unwrap();
-    buffers[0].definition()
+    buffers
+        .into_iter()
+        .next()
+        .and_then(|b| b.into_embedded())
+        .unwrap()
+        .definition()
 }
 
 #[test]

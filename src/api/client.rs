@@ -2,9 +2,12 @@
 use std::sync::Arc;
 
 use super::buffer::{Buffer, HostArray};
-use super::device::Device;
+use super::device::{Device, Memory};
 use super::element_type::Shape;
-use super::options::{ClientOptions, StoreChoice};
+use super::options::{ClientOptions, ComputeChoice, OptionValue, StoreChoice};
+use crate::backend::compute_plugin::{
+    self, AttributeValue, ComputeClient, InnerOptions, InnerPtr, PluginFamily,
+};
 use crate::backend::{self, Allocation, Backend};
 use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
 use crate::kv::memory::MemoryStore;
@@ -12,7 +15,7 @@ use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 use crate::transfer::service::{TransferConfig, TransferService};
-use crate::transfer::session::Session;
+use crate::transfer::session::{LocalDevices, Session};
 
 pub const PLATFORM_NAME: &str = "crosshost";
 pub use crate::backend::host::HOST_DEVICE_KIND;
@@ -25,6 +28,86 @@ pub struct Client {
     platform_version: String,
     transfers: Arc<TransferService>,
     backend: Arc<dyn Backend>,
+    /// The compute plugin's client, when this client delegates compute.
+    compute: Option<Arc<ComputeClient>>,
+}
+
+/// XLA numbers the devices of process `p` from `p * 2048`; a delegating
+/// client of a multi-process job uses that numbering for its devices.
+pub const DEVICE_IDS_PER_PROCESS: i32 = 2048;
+
+/// Opens the compute plugin's client if this client delegates: the
+/// `compute_plugin` option, else the process's configured plugin (unless an
+/// explicit `backend` asks for an embedded one).
+fn open_compute(options: &ClientOptions) -> Result<Option<Arc<ComputeClient>>> {
+    let path = match &options.compute {
+        ComputeChoice::Off => return Ok(None),
+        ComputeChoice::Path(path) => {
+            if options.backend_given {
+                return Err(invalid_argument(
+                    "PJRT_Client_Create: 'backend' and 'compute_plugin' exclude each other: the \
+                     compute plugin brings its own devices",
+                ));
+            }
+            std::path::PathBuf::from(path)
+        }
+        ComputeChoice::Configured if options.backend_given => return Ok(None),
+        ComputeChoice::Configured => match compute_plugin::configured_path() {
+            Some(path) => path,
+            None => return Ok(None),
+        },
+    };
+    let plugin = compute_plugin::load(&path)?;
+    let inner = inner_options(options, plugin.family());
+    ComputeClient::create(plugin, &inner).map(Some)
+}
+
+/// The compute plugin's create options: for XLA's CPU plugin our device
+/// count and (in a multi-process job) our node id as its process id; then
+/// the caller's `compute.*` options, which override ours.
+fn inner_options(options: &ClientOptions, family: PluginFamily) -> InnerOptions {
+    let mut inner: InnerOptions = Vec::new();
+    if family == PluginFamily::Cpu {
+        inner.push((
+            "cpu_device_count".into(),
+            AttributeValue::Int(options.num_devices as i64),
+        ));
+        if options.num_nodes > 1 {
+            inner.push((
+                "process_id".into(),
+                AttributeValue::Int(options.node_id as i64),
+            ));
+        }
+    }
+    for (name, value) in &options.compute_options {
+        let value = match value {
+            OptionValue::Str(s) => AttributeValue::Str(s.clone()),
+            OptionValue::Int(i) => AttributeValue::Int(*i),
+            OptionValue::IntList(l) => AttributeValue::IntList(l.clone()),
+            OptionValue::Float(f) => AttributeValue::Float(*f),
+            OptionValue::Bool(b) => AttributeValue::Bool(*b),
+        };
+        inner.retain(|(existing, _)| existing != name);
+        inner.push((name.clone(), value));
+    }
+    inner
+}
+
+/// Our global ids for the compute plugin's devices: its own where they are
+/// already global (one process, or a plugin that took `process_id`), else
+/// XLA's numbering for this node.
+fn delegated_ids(compute: &ComputeClient, options: &ClientOptions) -> Vec<i32> {
+    let ids: Vec<i32> = compute.devices().iter().map(|d| d.id).collect();
+    if options.num_nodes <= 1 {
+        return ids;
+    }
+    let first = options.node_id * DEVICE_IDS_PER_PROCESS;
+    let range = first..first + DEVICE_IDS_PER_PROCESS;
+    if ids.iter().all(|id| range.contains(id)) {
+        ids
+    } else {
+        (0..ids.len() as i32).map(|i| first + i).collect()
+    }
 }
 
 /// Picks the store: a named in-process store when asked for; the creator's
@@ -50,6 +133,93 @@ fn choose_store(
     })
 }
 
+/// Devices of every process of the job on an embedded backend.
+fn embedded_devices(session: &Session, backend: &Arc<dyn Backend>) -> Vec<Arc<Device>> {
+    let mut devices = Vec::new();
+    for (process, ids) in session.processes.iter().zip(session.device_ids()) {
+        let mine = process.process_index == session.process_index;
+        for (i, id) in ids.into_iter().enumerate() {
+            let local_id = if mine { i as i32 } else { -1 };
+            let kind = if mine {
+                backend.device_kind(i)
+            } else {
+                process.device_kind.clone()
+            };
+            devices.push(Arc::new(Device::new(
+                id,
+                process.process_index,
+                local_id,
+                mine,
+                &kind,
+                backend.clone(),
+            )));
+        }
+    }
+    devices.sort_by_key(|d| d.global_id);
+    devices
+}
+
+/// Devices of a delegating client: this process's are the compute plugin's
+/// (each inner memory shared by the devices that address it), the others'
+/// come from the session.
+fn delegated_devices(
+    compute: &ComputeClient,
+    session: &Session,
+    backend: &Arc<dyn Backend>,
+) -> Vec<Arc<Device>> {
+    let all_ids = session.device_ids();
+    let mine = session.process_index as usize;
+    let local_ids = &all_ids[mine];
+    let mut memories: Vec<(InnerPtr, Arc<Memory>)> = Vec::new();
+    for (inner, &id) in compute.devices().iter().zip(local_ids) {
+        for memory in &inner.memories {
+            match memories.iter_mut().find(|(p, _)| *p == memory.memory) {
+                Some((_, existing)) => {
+                    let mut devices = existing.devices.clone();
+                    devices.push(id);
+                    *existing = Arc::new(Memory::delegated(memory, devices));
+                }
+                None => {
+                    memories.push((memory.memory, Arc::new(Memory::delegated(memory, vec![id]))))
+                }
+            }
+        }
+    }
+    let mut devices = Vec::new();
+    for (process, ids) in session.processes.iter().zip(&all_ids) {
+        if process.process_index == session.process_index {
+            for (inner, &id) in compute.devices().iter().zip(ids) {
+                let own: Vec<Arc<Memory>> = inner
+                    .memories
+                    .iter()
+                    .filter_map(|m| memories.iter().find(|(p, _)| *p == m.memory))
+                    .map(|(_, m)| m.clone())
+                    .collect();
+                devices.push(Arc::new(Device::delegated(
+                    id,
+                    process.process_index,
+                    inner.clone(),
+                    own,
+                    backend.clone(),
+                )));
+            }
+        } else {
+            for &id in ids {
+                devices.push(Arc::new(Device::new(
+                    id,
+                    process.process_index,
+                    -1,
+                    false,
+                    &process.device_kind,
+                    backend.clone(),
+                )));
+            }
+        }
+    }
+    devices.sort_by_key(|d| d.global_id);
+    devices
+}
+
 impl Client {
     pub fn create(options: ClientOptions) -> Result<Arc<Client>> {
         Client::create_with_callbacks(options, None)
@@ -61,8 +231,24 @@ impl Client {
         options: ClientOptions,
         callbacks: Option<Arc<dyn RawKvCallbacks>>,
     ) -> Result<Arc<Client>> {
-        let backend = backend::select(options.backend, options.num_devices)?;
-        let num_devices = backend.device_count();
+        let compute = open_compute(&options)?;
+        let backend = match &compute {
+            // Receive destinations of a delegating client are host memory.
+            Some(_) => Arc::new(backend::host::HostBackend::new(1)) as Arc<dyn Backend>,
+            None => backend::select(options.backend, options.num_devices)?,
+        };
+        let local = match &compute {
+            Some(compute) => LocalDevices {
+                count: compute.devices().len(),
+                ids: Some(delegated_ids(compute, &options)),
+                kind: compute
+                    .devices()
+                    .first()
+                    .map(|d| d.kind.clone())
+                    .unwrap_or_default(),
+            },
+            None => LocalDevices::sequential(backend.device_count(), &backend.device_kind(0)),
+        };
         let store = choose_store(&options, callbacks)?;
         let session = if options.num_nodes > 1 {
             Session::establish(
@@ -70,31 +256,17 @@ impl Client {
                 &options.session,
                 options.node_id,
                 options.num_nodes,
-                num_devices,
+                local,
                 options.session_timeout,
             )?
         } else {
-            Session::local(num_devices)?
+            Session::local(local)?
         };
         let process_index = session.process_index;
-        let mut devices = Vec::new();
-        for (process, first) in session.processes.iter().zip(session.first_global_ids()) {
-            let mine = process.process_index == process_index;
-            for i in 0..process.num_devices as i32 {
-                let local_id = if mine { i } else { -1 };
-                // Another process's device kind is not exchanged; a job is
-                // assumed to run one kind of device everywhere.
-                let kind = backend.device_kind(if mine { i as usize } else { 0 });
-                devices.push(Arc::new(Device::new(
-                    first + i,
-                    process.process_index,
-                    local_id,
-                    mine,
-                    &kind,
-                    backend.clone(),
-                )));
-            }
-        }
+        let devices = match &compute {
+            Some(compute) => delegated_devices(compute, &session, &backend),
+            None => embedded_devices(&session, &backend),
+        };
         let transfers = TransferService::new(
             store,
             session,
@@ -107,18 +279,50 @@ impl Client {
                 ..TransferConfig::default()
             },
         );
+        let platform_version = match &compute {
+            Some(compute) => format!(
+                "pjrt-crosshost {} (compute: {} {})",
+                env!("CARGO_PKG_VERSION"),
+                compute.platform_name(),
+                compute.platform_version()
+            ),
+            None => format!(
+                "pjrt-crosshost {} ({} backend)",
+                env!("CARGO_PKG_VERSION"),
+                backend.name()
+            ),
+        };
         Ok(Arc::new(Client {
             options,
             process_index,
             devices,
             transfers,
-            platform_version: format!(
-                "pjrt-crosshost {} ({} backend)",
-                env!("CARGO_PKG_VERSION"),
-                backend.name()
-            ),
+            platform_version,
             backend,
+            compute,
         }))
+    }
+
+    /// The compute plugin's client, when this client delegates compute.
+    pub fn compute(&self) -> Option<&Arc<ComputeClient>> {
+        self.compute.as_ref()
+    }
+
+    /// Our addressable device behind a compute plugin's device.
+    pub fn device_of_compute(&self, inner: InnerPtr) -> Option<&Arc<Device>> {
+        self.devices
+            .iter()
+            .find(|d| d.compute.as_ref().is_some_and(|c| c.device == inner))
+    }
+
+    /// `(our global id, the compute plugin's id)` of each addressable
+    /// device of a delegating client (equal unless the plugin numbers its
+    /// devices from 0 in every process).
+    pub fn compute_device_ids(&self) -> Vec<(i32, i32)> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.compute.as_ref().map(|c| (d.global_id, c.id)))
+            .collect()
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {

@@ -2,6 +2,7 @@
 pub mod buffer;
 pub mod client;
 pub mod device;
+pub mod device_ids;
 pub mod element_type;
 pub mod options;
 pub mod transfers;

@@ -15,7 +15,7 @@ pub enum OptionValue {
 }
 
 impl OptionValue {
-    fn type_name(&self) -> &'static str {
+    pub fn type_name(&self) -> &'static str {
         match self {
             OptionValue::Str(_) => "string",
             OptionValue::Int(_) => "int64",
@@ -27,6 +27,23 @@ impl OptionValue {
 }
 
 pub const MAX_DEVICES: i64 = 64;
+
+/// Whether a client delegates compute to another PJRT plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum ComputeChoice {
+    /// The process's configured compute plugin (the Python package's
+    /// configuration or `PJRT_CROSSHOST_COMPUTE_PLUGIN`), if any.
+    #[default]
+    Configured,
+    /// `compute_plugin=<path>`.
+    Path(String),
+    /// `compute_plugin=""`: no compute plugin, whatever the process
+    /// configured (the embedded backend).
+    Off,
+}
+
+/// Prefix of create options that go to the compute plugin's client.
+pub const COMPUTE_OPTION_PREFIX: &str = "compute.";
 
 /// Where the client's key-value store comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +77,15 @@ pub struct ClientOptions {
     pub session_timeout: Duration,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
+    /// `compute_plugin`: the PJRT plugin that compiles and runs programs
+    /// for this client (docs/DESIGN.md §11).
+    pub compute: ComputeChoice,
+    /// `compute.<name>` options, passed to the compute plugin's client
+    /// with the prefix removed.
+    pub compute_options: Vec<(String, OptionValue)>,
+    /// Whether `backend` was given explicitly (it conflicts with a compute
+    /// plugin, which brings its own devices).
+    pub backend_given: bool,
 }
 
 impl Default for ClientOptions {
@@ -77,13 +103,17 @@ impl Default for ClientOptions {
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
             shm_pool_bytes: 1 << 30,
+            compute: ComputeChoice::default(),
+            compute_options: Vec::new(),
+            backend_given: false,
         }
     }
 }
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, shm_pool_bytes";
+                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, shm_pool_bytes, \
+                     compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
     match value {
@@ -132,6 +162,7 @@ impl ClientOptions {
                     parsed.num_devices = expect_range(name, value, 1, MAX_DEVICES)? as usize
                 }
                 "backend" => {
+                    parsed.backend_given = true;
                     let s = expect_str(name, value)?;
                     parsed.backend = BackendChoice::parse(s).ok_or_else(|| {
                         invalid_argument(format!(
@@ -187,7 +218,20 @@ impl ClientOptions {
                 "shm_pool_bytes" => {
                     parsed.shm_pool_bytes = expect_range(name, value, 0, 1 << 40)? as usize
                 }
-                _ => unknown.push(name.clone()),
+                "compute_plugin" => {
+                    let s = expect_str(name, value)?;
+                    parsed.compute = if s.is_empty() {
+                        ComputeChoice::Off
+                    } else {
+                        ComputeChoice::Path(s.to_string())
+                    };
+                }
+                _ => match name.strip_prefix(COMPUTE_OPTION_PREFIX) {
+                    Some(inner) if !inner.is_empty() => {
+                        parsed.compute_options.push((inner.to_string(), value.clone()))
+                    }
+                    _ => unknown.push(name.clone()),
+                },
             }
         }
         if !unknown.is_empty() {
@@ -242,6 +286,34 @@ mod tests {
         assert!(
             ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd".into()))]).is_err()
         );
+    }
+
+    #[test]
+    fn compute_plugin_and_prefixed_options_parse() {
+        let o = ClientOptions::parse(&[
+            (
+                "compute_plugin".into(),
+                OptionValue::Str("/x/libpjrt_cpu.so".into()),
+            ),
+            ("compute.asynchronous".into(), OptionValue::Bool(false)),
+            ("compute.cpu_device_count".into(), OptionValue::Int(3)),
+        ])
+        .unwrap();
+        assert_eq!(o.compute, ComputeChoice::Path("/x/libpjrt_cpu.so".into()));
+        assert_eq!(
+            o.compute_options,
+            vec![
+                ("asynchronous".to_string(), OptionValue::Bool(false)),
+                ("cpu_device_count".to_string(), OptionValue::Int(3)),
+            ]
+        );
+        let off = ClientOptions::parse(&[("compute_plugin".into(), OptionValue::Str("".into()))])
+            .unwrap();
+        assert_eq!(off.compute, ComputeChoice::Off);
+        assert_eq!(ClientOptions::default().compute, ComputeChoice::Configured);
+        let err = ClientOptions::parse(&[("compute.".into(), OptionValue::Int(1))]).unwrap_err();
+        assert!(err.message.contains("compute."), "{}", err.message);
+        assert!(ClientOptions::parse(&[("compute_plugin".into(), OptionValue::Int(1))]).is_err());
     }
 
     #[test]

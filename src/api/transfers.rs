@@ -5,11 +5,45 @@ use std::sync::Arc;
 use super::buffer::Buffer;
 use super::client::Client;
 use super::device::Device;
-use super::element_type::Shape;
-use crate::backend::DevicePlacement;
-use crate::status::{invalid_argument, Result, Status};
+use super::element_type::{ElementType, Shape};
+use crate::backend::compute_plugin::{
+    buffer_dims, buffer_element_type, AliasBuffer, ComputeClient, InnerBuffer, InnerPtr,
+    RetainedSource,
+};
+use crate::backend::{Allocation, DevicePlacement};
+use crate::status::{internal, invalid_argument, Outcome, Result, Status};
 use crate::sync::Future;
-use crate::transfer::service::{BufferSpec, SendSource};
+use crate::transfer::service::{BufferSpec, ReceiveRequest, RecordReceived, SendSource};
+
+/// A buffer a transfer reads: the embedded backend's, or a compute plugin's
+/// (the caller's handle of a delegating client's buffer).
+pub enum SourceBuffer {
+    Embedded(Arc<Buffer>),
+    Compute(InnerPtr),
+}
+
+/// A buffer a receive made: the embedded backend's, or the compute plugin's
+/// alias buffer (ours until handed to the caller).
+pub enum ReceivedBuffer {
+    Embedded(Arc<Buffer>),
+    Compute(InnerBuffer),
+}
+
+impl ReceivedBuffer {
+    /// The embedded backend's buffer, if it is one.
+    pub fn into_embedded(self) -> Option<Arc<Buffer>> {
+        match self {
+            ReceivedBuffer::Embedded(buffer) => Some(buffer),
+            ReceivedBuffer::Compute(_) => None,
+        }
+    }
+}
+
+impl From<Arc<Buffer>> for SourceBuffer {
+    fn from(buffer: Arc<Buffer>) -> SourceBuffer {
+        SourceBuffer::Embedded(buffer)
+    }
+}
 
 /// One buffer of a v2 receive.
 pub struct ReceiveSpec {
@@ -43,9 +77,6 @@ impl PeerIncarnations {
         PeerIncarnations(out)
     }
 }
-
-/// A v1 receive: the buffers and the serialized descriptor of each.
-pub type ReceiveBuffersAndDescriptors = (Vec<Arc<Buffer>>, Vec<Vec<u8>>);
 
 fn spec_of(shape: &Shape) -> BufferSpec {
     BufferSpec {
@@ -82,6 +113,55 @@ impl Client {
         })
     }
 
+    /// Receive requests for `shapes` on `device`, and what the caller will
+    /// hold: our buffers on an embedded backend; on a delegating client, the
+    /// compute plugin's alias buffers, each fulfilled by its request's
+    /// record step with a view of the received bytes (or the error).
+    fn receive_requests(
+        &self,
+        device: &Arc<Device>,
+        shapes: &[Shape],
+    ) -> Result<(Vec<ReceiveRequest>, Vec<Option<InnerBuffer>>)> {
+        let compute = match (self.compute(), &device.compute) {
+            (Some(compute), Some(_)) => compute,
+            _ => {
+                let requests = shapes.iter().map(|s| spec_of(s).into()).collect();
+                return Ok((requests, shapes.iter().map(|_| None).collect()));
+            }
+        };
+        let memory = device
+            .memory
+            .compute
+            .as_ref()
+            .ok_or_else(|| internal("a delegating client's device has no compute memory"))?;
+        let mut requests = Vec::with_capacity(shapes.len());
+        let mut handles = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            let mut alias =
+                AliasBuffer::create(compute, memory, shape.element_type.raw(), &shape.dims)?;
+            handles.push(alias.take_handle());
+            let byte_size = shape.byte_size();
+            let record: RecordReceived = Box::new(move |outcome: &Outcome, bytes: &Allocation| {
+                let fulfilled = match outcome {
+                    Ok(()) => alias.fulfill_with_host_bytes(
+                        bytes.address(),
+                        byte_size,
+                        Box::new(bytes.clone()),
+                    ),
+                    Err(status) => alias.fail(status),
+                };
+                if let Err(e) = fulfilled {
+                    log::error!("recording a received buffer in the compute plugin: {e}");
+                }
+            });
+            requests.push(ReceiveRequest {
+                spec: spec_of(shape),
+                record: Some(record),
+            });
+        }
+        Ok((requests, handles))
+    }
+
     /// v2 receive: one buffer per spec on `device`, each ready when its own
     /// sender's bytes landed.
     pub fn cross_host_receive(
@@ -90,46 +170,62 @@ impl Client {
         specs: Vec<ReceiveSpec>,
         incarnations: Option<PeerIncarnations>,
         function: &str,
-    ) -> Result<Vec<Arc<Buffer>>> {
+    ) -> Result<Vec<ReceivedBuffer>> {
         self.own_addressable_device(device, function)?;
-        let buffer_specs: Vec<BufferSpec> = specs.iter().map(|s| spec_of(&s.shape)).collect();
+        let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
         let peers: Vec<(i32, i64)> = specs
             .iter()
             .map(|s| (s.peer_global_device_id, s.transfer_key))
             .collect();
+        let (requests, handles) = self.receive_requests(device, &shapes)?;
         let destinations = self.transfers().receive_v2(
-            &buffer_specs,
+            requests,
             device.global_id,
             &peers,
             incarnations.as_ref().map(|p| p.0.as_slice()),
             &self.placement(device, function)?,
         )?;
-        Ok(specs
-            .into_iter()
-            .zip(destinations)
-            .map(|(spec, d)| Buffer::new(spec.shape, device.clone(), d.memory, d.definition))
-            .collect())
+        Ok(received(device, shapes, destinations, handles).0)
+    }
+
+    /// The transfer's view of a buffer to send: its bytes, readiness, shape
+    /// and device. A compute plugin's buffer is retained (an alias of it),
+    /// so the caller may destroy its handle as soon as the send call returns.
+    fn send_source(&self, buffer: SourceBuffer, function: &str) -> Result<SendSource> {
+        match buffer {
+            SourceBuffer::Embedded(buffer) => {
+                self.own_addressable_device(buffer.device(), function)?;
+                Ok(SendSource {
+                    memory: buffer.allocation(function)?,
+                    ready: buffer.definition(),
+                    spec: spec_of(buffer.shape()),
+                    global_device_id: buffer.device().global_id,
+                })
+            }
+            SourceBuffer::Compute(raw) => {
+                let compute = self.compute().ok_or_else(|| {
+                    invalid_argument(format!(
+                        "{function}: the buffer belongs to a compute plugin, this client has none"
+                    ))
+                })?;
+                compute_source(self, compute, raw, function)
+            }
+        }
     }
 
     /// v2 send: one event per buffer, ready when that buffer's bytes are in
     /// the receiver's memory and its completion key is set.
     pub fn cross_host_send(
         &self,
-        buffers: Vec<Arc<Buffer>>,
+        buffers: Vec<SourceBuffer>,
         destinations: &[i32],
         transfer_keys: &[i64],
         incarnations: Option<PeerIncarnations>,
         function: &str,
     ) -> Result<Vec<Future>> {
         let mut sources = Vec::with_capacity(buffers.len());
-        for buffer in &buffers {
-            self.own_addressable_device(buffer.device(), function)?;
-            sources.push(SendSource {
-                memory: buffer.allocation(function)?,
-                ready: buffer.definition(),
-                spec: spec_of(buffer.shape()),
-                global_device_id: buffer.device().global_id,
-            });
+        for buffer in buffers {
+            sources.push(self.send_source(buffer, function)?);
         }
         self.transfers().send_v2(
             sources,
@@ -145,19 +241,13 @@ impl Client {
         device: &Arc<Device>,
         shapes: Vec<Shape>,
         function: &str,
-    ) -> Result<ReceiveBuffersAndDescriptors> {
+    ) -> Result<(Vec<ReceivedBuffer>, Vec<Vec<u8>>)> {
         self.own_addressable_device(device, function)?;
-        let specs: Vec<BufferSpec> = shapes.iter().map(spec_of).collect();
+        let (requests, handles) = self.receive_requests(device, &shapes)?;
         let destinations = self
             .transfers()
-            .receive_v1(&specs, &self.placement(device, function)?)?;
-        let mut buffers = Vec::with_capacity(shapes.len());
-        let mut descriptors = Vec::with_capacity(shapes.len());
-        for (shape, d) in shapes.into_iter().zip(destinations) {
-            buffers.push(Buffer::new(shape, device.clone(), d.memory, d.definition));
-            descriptors.push(d.descriptor);
-        }
-        Ok((buffers, descriptors))
+            .receive_v1(requests, &self.placement(device, function)?)?;
+        Ok(received(device, shapes, destinations, handles))
     }
 
     /// v1 cancel of the buffer a descriptor names.
@@ -168,17 +258,11 @@ impl Client {
     /// v1 send of `buffer` to a descriptor's destination.
     pub fn send_to_descriptor(
         &self,
-        buffer: Arc<Buffer>,
+        buffer: SourceBuffer,
         descriptor: &[u8],
         function: &str,
     ) -> Result<Future> {
-        self.own_addressable_device(buffer.device(), function)?;
-        let source = SendSource {
-            memory: buffer.allocation(function)?,
-            ready: buffer.definition(),
-            spec: spec_of(buffer.shape()),
-            global_device_id: buffer.device().global_id,
-        };
+        let source = self.send_source(buffer, function)?;
         self.transfers()
             .send_to_descriptor(source, descriptor, function)
     }
@@ -213,4 +297,59 @@ impl Client {
     pub fn metrics_json(&self) -> String {
         self.transfers().metrics().to_json()
     }
+}
+
+/// The caller's buffers of a receive, and the descriptors.
+fn received(
+    device: &Arc<Device>,
+    shapes: Vec<Shape>,
+    destinations: Vec<crate::transfer::service::ReceiveDestination>,
+    handles: Vec<Option<InnerBuffer>>,
+) -> (Vec<ReceivedBuffer>, Vec<Vec<u8>>) {
+    let mut buffers = Vec::with_capacity(shapes.len());
+    let mut descriptors = Vec::with_capacity(shapes.len());
+    for ((shape, d), handle) in shapes.into_iter().zip(destinations).zip(handles) {
+        buffers.push(match handle {
+            Some(alias) => ReceivedBuffer::Compute(alias),
+            None => {
+                ReceivedBuffer::Embedded(Buffer::new(shape, device.clone(), d.memory, d.definition))
+            }
+        });
+        descriptors.push(d.descriptor);
+    }
+    (buffers, descriptors)
+}
+
+/// A send source for a compute plugin's buffer `raw` of `client`.
+fn compute_source(
+    client: &Client,
+    compute: &Arc<ComputeClient>,
+    raw: InnerPtr,
+    function: &str,
+) -> Result<SendSource> {
+    let buffer = raw.as_mut();
+    let plugin = compute.plugin();
+    let inner_device = compute.buffer_device(buffer)?;
+    let device = client.device_of_compute(inner_device).ok_or_else(|| {
+        invalid_argument(format!(
+            "{function}: the buffer is on a device this client does not address"
+        ))
+    })?;
+    let inner_memory = compute.buffer_memory(buffer)?;
+    let memory = device
+        .memories
+        .iter()
+        .filter_map(|m| m.compute.as_ref())
+        .find(|m| m.memory == inner_memory)
+        .ok_or_else(|| internal(format!("{function}: the buffer's memory is unknown")))?;
+    let element_type = ElementType::from_raw(buffer_element_type(plugin, buffer)?, function)?;
+    let shape = Shape::new(element_type, buffer_dims(plugin, buffer)?, function)?;
+    let retained = RetainedSource::retain(compute, memory, buffer, shape.byte_size())?;
+    let ready = retained.ready();
+    Ok(SendSource {
+        memory: Arc::new(retained),
+        ready,
+        spec: spec_of(&shape),
+        global_device_id: device.global_id,
+    })
 }

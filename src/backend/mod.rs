@@ -4,6 +4,7 @@
 //! A `Backend` owns a process's devices of one kind: it names them, describes
 //! them and allocates their memory. The client picks one at creation
 //! (`backend=auto|host|cuda`, see `select`).
+pub mod compute_plugin;
 pub mod cuda;
 pub mod host;
 pub mod shared;

@@ -3,7 +3,7 @@ use super::bindings::*;
 use super::boundary::null_field;
 use super::client::check_default_layout;
 use super::handles::{
-    borrow, into_raw, take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
+    into_raw, try_borrow, try_take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
 };
 use crate::api::buffer::Buffer;
 use crate::status::{invalid_argument, out_of_range, Result};
@@ -16,7 +16,7 @@ pub(crate) unsafe fn buffer_arg<'a>(
     field: &str,
 ) -> Result<&'a BufferHandle> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<BufferHandle>(buffer, function, field) }
+    unsafe { try_borrow::<BufferHandle>(buffer, function, field) }
 }
 
 /// A caller's destination pointer, carried to whichever thread completes the
@@ -42,7 +42,7 @@ crate::pjrt_entry!(buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_A
         return Ok(()); // The header allows destroying nullptr.
     }
     // SAFETY: the caller gives up its owned buffer handle.
-    drop(unsafe { take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
+    drop(unsafe { try_take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
     Ok(())
 });
 
@@ -115,7 +115,7 @@ crate::pjrt_entry!(buffer_device = "PJRT_Buffer_Device", PJRT_Buffer_Device_Args
 crate::pjrt_entry!(buffer_memory = "PJRT_Buffer_Memory", PJRT_Buffer_Memory_Args through memory, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Memory", "buffer") }?;
-    args.memory = b.tables.memory_ptr(b.buffer.device().memory.id);
+    args.memory = b.tables.memory_ptr(&b.buffer.device().memory);
     Ok(())
 });
 
@@ -228,7 +228,7 @@ crate::pjrt_entry!(buffer_copy_to_device = "PJRT_Buffer_CopyToDevice", PJRT_Buff
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let device = unsafe { borrow::<DeviceHandle>(args.dst_device, F, "dst_device") }?;
+    let device = unsafe { try_borrow::<DeviceHandle>(args.dst_device, F, "dst_device") }?;
     args.dst_buffer = copy_to(b, &device.device, F)?;
     Ok(())
 });
@@ -238,8 +238,8 @@ crate::pjrt_entry!(buffer_copy_to_memory = "PJRT_Buffer_CopyToMemory", PJRT_Buff
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let memory = unsafe { borrow::<MemoryHandle>(args.dst_memory, F, "dst_memory") }?;
-    let device = b.client.device_by_global_id(memory.memory.device_global_id, F)?.clone();
+    let memory = unsafe { try_borrow::<MemoryHandle>(args.dst_memory, F, "dst_memory") }?;
+    let device = b.client.device_by_global_id(memory.memory.device_global_id(), F)?.clone();
     args.dst_buffer = copy_to(b, &device, F)?;
     Ok(())
 });

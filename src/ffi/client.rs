@@ -4,7 +4,8 @@ use std::sync::Arc;
 use super::bindings::*;
 use super::boundary::null_field;
 use super::handles::{
-    borrow, into_raw, take, BufferHandle, ClientHandle, DeviceHandle, EventHandle, MemoryHandle,
+    into_raw, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
+    MemoryHandle,
 };
 use super::strings::{read_named_values, str_out};
 use crate::api::buffer::HostArray;
@@ -40,7 +41,7 @@ crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_A
         return Ok(()); // The header allows destroying nullptr.
     }
     // SAFETY: the caller gives up its owned client handle.
-    drop(unsafe { take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
+    drop(unsafe { try_take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())
 });
 
@@ -53,7 +54,7 @@ pub(crate) unsafe fn client_arg<'a>(
     function: &str,
 ) -> Result<&'a ClientHandle> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<ClientHandle>(client, function, "client") }
+    unsafe { try_borrow::<ClientHandle>(client, function, "client") }
 }
 
 crate::pjrt_entry!(client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
@@ -134,7 +135,7 @@ pub(crate) unsafe fn destination_device(
     } else {
         // SAFETY: forwarded contract.
         Some(
-            unsafe { borrow::<DeviceHandle>(device, function, "device") }?
+            unsafe { try_borrow::<DeviceHandle>(device, function, "device") }?
                 .device
                 .clone(),
         )
@@ -143,11 +144,11 @@ pub(crate) unsafe fn destination_device(
         None
     } else {
         // SAFETY: forwarded contract.
-        let memory = unsafe { borrow::<MemoryHandle>(memory, function, "memory") }?;
+        let memory = unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }?;
         Some(
             client
                 .client
-                .device_by_global_id(memory.memory.device_global_id, function)?
+                .device_by_global_id(memory.memory.device_global_id(), function)?
                 .clone(),
         )
     };

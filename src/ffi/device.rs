@@ -1,5 +1,5 @@
 //! PJRT_Device_* and PJRT_DeviceDescription_*.
-use super::handles::{borrow, DescriptionHandle, DeviceHandle};
+use super::handles::{try_borrow, DescriptionHandle, DeviceHandle};
 use super::strings::str_out;
 use crate::status::Result;
 
@@ -10,7 +10,7 @@ unsafe fn device_arg<'a>(
     function: &str,
 ) -> Result<&'a DeviceHandle> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<DeviceHandle>(device, function, "device") }
+    unsafe { try_borrow::<DeviceHandle>(device, function, "device") }
 }
 
 /// # Safety
@@ -20,7 +20,7 @@ unsafe fn description_arg<'a>(
     function: &str,
 ) -> Result<&'a DescriptionHandle> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<DescriptionHandle>(description, function, "device_description") }
+    unsafe { try_borrow::<DescriptionHandle>(description, function, "device_description") }
 }
 
 crate::pjrt_entry!(device_get_description = "PJRT_Device_GetDescription", PJRT_Device_GetDescription_Args through device_description, |args| {

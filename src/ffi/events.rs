@@ -4,7 +4,7 @@ use std::ffi::c_void;
 
 use super::bindings::*;
 use super::errors::error_into_raw;
-use super::handles::{borrow, into_raw, take, EventHandle};
+use super::handles::{into_raw, try_borrow, try_take, EventHandle};
 use crate::status::{failed_precondition, invalid_argument, Code, Status};
 
 const SET: &str = "PJRT_Event_Set";
@@ -14,20 +14,20 @@ crate::pjrt_entry!(event_destroy = "PJRT_Event_Destroy", PJRT_Event_Destroy_Args
         return Ok(()); // The header allows destroying nullptr.
     }
     // SAFETY: `event` is an owned event handle the caller gives up.
-    drop(unsafe { take::<EventHandle>(args.event, "PJRT_Event_Destroy", "event") }?);
+    drop(unsafe { try_take::<EventHandle>(args.event, "PJRT_Event_Destroy", "event") }?);
     Ok(())
 });
 
 crate::pjrt_entry!(event_is_ready = "PJRT_Event_IsReady", PJRT_Event_IsReady_Args through is_ready, |args| {
     // SAFETY: caller passes a live event.
-    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_IsReady", "event") }?;
+    let event = unsafe { try_borrow::<EventHandle>(args.event, "PJRT_Event_IsReady", "event") }?;
     args.is_ready = event.future.is_ready();
     Ok(())
 });
 
 crate::pjrt_entry!(event_error = "PJRT_Event_Error", PJRT_Event_Error_Args through event, |args| {
     // SAFETY: caller passes a live event.
-    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_Error", "event") }?;
+    let event = unsafe { try_borrow::<EventHandle>(args.event, "PJRT_Event_Error", "event") }?;
     match event.future.try_get() {
         Some(outcome) => outcome,
         None => Err(failed_precondition("PJRT_Event_Error: event is not ready yet")),
@@ -36,7 +36,7 @@ crate::pjrt_entry!(event_error = "PJRT_Event_Error", PJRT_Event_Error_Args throu
 
 crate::pjrt_entry!(event_await = "PJRT_Event_Await", PJRT_Event_Await_Args through event, |args| {
     // SAFETY: caller passes a live event.
-    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_Await", "event") }?;
+    let event = unsafe { try_borrow::<EventHandle>(args.event, "PJRT_Event_Await", "event") }?;
     event.future.wait()
 });
 
@@ -48,7 +48,7 @@ struct OnReadyCallback {
 
 crate::pjrt_entry!(event_on_ready = "PJRT_Event_OnReady", PJRT_Event_OnReady_Args through user_arg, |args| {
     // SAFETY: caller passes a live event.
-    let event = unsafe { borrow::<EventHandle>(args.event, "PJRT_Event_OnReady", "event") }?;
+    let event = unsafe { try_borrow::<EventHandle>(args.event, "PJRT_Event_OnReady", "event") }?;
     let callback = args
         .callback
         .ok_or_else(|| invalid_argument("PJRT_Event_OnReady: callback is null"))?;
@@ -78,7 +78,7 @@ crate::pjrt_entry!(event_create = "PJRT_Event_Create", PJRT_Event_Create_Args th
 
 crate::pjrt_entry!(event_set = "PJRT_Event_Set", PJRT_Event_Set_Args through error_message_size, |args| {
     // SAFETY: caller passes a live event.
-    let event = unsafe { borrow::<EventHandle>(args.event, SET, "event") }?;
+    let event = unsafe { try_borrow::<EventHandle>(args.event, SET, "event") }?;
     // A clone: setting may run callbacks that destroy the handle (an event
     // handed to CopyToRemoteDevice), so nothing of it is touched after.
     let promise = event.promise.clone().ok_or_else(|| {

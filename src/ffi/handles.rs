@@ -1,39 +1,109 @@
-//! C handles ↔ Rust objects. Owned handles (client, buffer, event) are boxes
-//! the caller destroys; devices, descriptions and memories are borrowed from
-//! their client's tables. Each handle carries a type tag so that a wrong or
-//! destroyed handle is an error, not a misread.
+//! C handles ↔ Rust objects, and the one handle rule.
+//!
+//! # The one handle rule
+//!
+//! Every handle a caller gets from this plugin comes back to it and is
+//! understood, because each handle type has one owner:
+//!
+//! | handle | whose |
+//! |---|---|
+//! | `PJRT_Client`, `PJRT_Device`, `PJRT_Memory` | always ours; a delegating client wraps the compute plugin's client, devices and memories and unwraps them on the way in |
+//! | `PJRT_DeviceDescription` | ours for our devices; a topology's descriptions are the compute plugin's |
+//! | `PJRT_Buffer`, `PJRT_Event` | ours for an embedded backend's buffers and for events we make (`PJRT_Event_Create`, send events); the compute plugin's for a delegating client's buffers (receive buffers included: its alias buffers) and their events |
+//! | executables, topologies, execute contexts, async transfer managers, copy streams, tracking events, layouts, memory descriptions | always the compute plugin's (we make none) |
+//! | `PJRT_Error` | always ours: the compute plugin's errors are converted as they cross |
+//!
+//! Every handle we make begins with a tag word (`#[repr(C)]`, tag first;
+//! a memory's tag follows its vtable pointer, an error is known by its
+//! vtable). `route` reads that word: one of our tags of the expected type is
+//! ours; another of our tags, or `DEAD` (a destroyed handle), is an error;
+//! any other word is the compute plugin's handle when one is loaded (no
+//! pointer the inner plugin makes can begin with our tags: they are not
+//! canonical addresses), and an error otherwise.
+//!
+//! Ownership follows rustls-ffi's `Castable`: a handle type says whether C
+//! holds a `Box` (made by `into_raw`, destroyed by a `_Destroy` entry through
+//! `try_take`) or borrows an object that lives in its client's tables
+//! (`try_borrow` only).
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use once_cell::sync::Lazy;
+use parking_lot::{Mutex, RwLock};
 
 use super::bindings::*;
 use crate::api::buffer::Buffer;
 use crate::api::client::Client;
 use crate::api::device::{Device, Memory};
-use crate::backend::AttributeValue;
+use crate::backend::compute_plugin::{self, AttributeValue, ComputePlugin, InnerPtr};
 use crate::status::{invalid_argument, Result};
 use crate::sync::{Future, PromiseOnce};
 
 const DEAD: u64 = 0xdead_dead_dead_dead;
+const CLIENT_TAG: u64 = 0x4348_434c_4945_4e54;
+const DEVICE_TAG: u64 = 0x4348_4445_5649_4345;
+const DESCRIPTION_TAG: u64 = 0x4348_4445_5343_5200;
+const MEMORY_TAG: u64 = 0x4348_4d45_4d4f_5259;
+const BUFFER_TAG: u64 = 0x4348_4255_4646_4552;
+const EVENT_TAG: u64 = 0x4348_4556_454e_5400;
+const OUR_TAGS: [u64; 6] = [
+    CLIENT_TAG,
+    DEVICE_TAG,
+    DESCRIPTION_TAG,
+    MEMORY_TAG,
+    BUFFER_TAG,
+    EVENT_TAG,
+];
 
-/// Implemented by every handle type: its C type and its tag.
-pub(crate) trait Handle: Sized {
+/// C holds a `Box` of the handle and destroys it.
+pub(crate) struct OwnedBox;
+/// C borrows the handle from its client's tables.
+pub(crate) struct Borrowed;
+
+/// Implemented by every handle type.
+pub(crate) trait Castable: Sized {
+    /// The C type callers see.
     type C;
+    /// `OwnedBox` or `Borrowed`.
+    type Ownership;
     const TAG: u64;
+    /// Byte offset of the tag word.
+    const TAG_OFFSET: usize = 0;
     const WHAT: &'static str;
-    fn tag(&self) -> u64;
     fn set_dead(&mut self);
 }
 
-/// Borrows the Rust object behind a C handle.
+/// Reads the tag word of a handle-shaped pointer.
 ///
 /// # Safety
-/// `ptr` must be null or a pointer the plugin handed out for `H::C` that has
-/// not been destroyed (the tag check catches type confusion and most stale
-/// handles, but cannot make a freed pointer readable).
-pub(crate) unsafe fn borrow<'a, H: Handle>(
+/// `ptr` must be non-null and point to at least `offset + 8` readable bytes.
+unsafe fn tag_word(ptr: *const c_void, offset: usize) -> u64 {
+    // SAFETY: forwarded contract; unaligned read, the word's alignment is
+    // not ours to promise for a foreign handle.
+    unsafe {
+        (ptr as *const u8)
+            .add(offset)
+            .cast::<u64>()
+            .read_unaligned()
+    }
+}
+
+fn not_live<H: Castable>(function: &str, field: &str) -> crate::status::Status {
+    invalid_argument(format!(
+        "{function}: {field} is not a live {} handle",
+        H::WHAT
+    ))
+}
+
+/// Borrows the Rust object behind one of our handles.
+///
+/// # Safety
+/// `ptr` must be null or a pointer to a handle-shaped object at least
+/// `TAG_OFFSET + 8` bytes long that has not been freed (the tag check
+/// catches type confusion and destroyed handles whose memory was not reused,
+/// but cannot make a freed pointer readable).
+pub(crate) unsafe fn try_borrow<'a, H: Castable>(
     ptr: *const H::C,
     function: &str,
     field: &str,
@@ -41,50 +111,96 @@ pub(crate) unsafe fn borrow<'a, H: Handle>(
     if ptr.is_null() {
         return Err(invalid_argument(format!("{function}: {field} is null")));
     }
-    // SAFETY: per the contract above, `ptr` points at an `H`.
-    let handle = unsafe { &*(ptr as *const H) };
-    if handle.tag() != H::TAG {
-        return Err(invalid_argument(format!(
-            "{function}: {field} is not a live {} handle",
-            H::WHAT
-        )));
+    // SAFETY: forwarded contract.
+    if unsafe { tag_word(ptr.cast(), H::TAG_OFFSET) } != H::TAG {
+        return Err(not_live::<H>(function, field));
     }
-    Ok(handle)
+    // SAFETY: our tag at our offset: the pointer is an `H` we made.
+    Ok(unsafe { &*(ptr as *const H) })
 }
 
-pub(crate) fn into_raw<H: Handle>(handle: H) -> *mut H::C {
+/// Gives C an owned handle.
+pub(crate) fn into_raw<H: Castable<Ownership = OwnedBox>>(handle: H) -> *mut H::C {
     Box::into_raw(Box::new(handle)) as *mut H::C
 }
 
-/// Takes back an owned handle for destruction.
+/// Takes back an owned handle for destruction; its tag is poisoned so a
+/// second destroy (or a later use) is caught while the allocator has not
+/// reused the memory.
 ///
 /// # Safety
-/// Same as `borrow`, and the handle must be owned by the caller (made by
-/// `into_raw`) and not used again.
-pub(crate) unsafe fn take<H: Handle>(
+/// Same as `try_borrow`, and the handle must not be used again.
+pub(crate) unsafe fn try_take<H: Castable<Ownership = OwnedBox>>(
     ptr: *mut H::C,
     function: &str,
     field: &str,
 ) -> Result<Box<H>> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<H>(ptr, function, field) }?;
+    unsafe { try_borrow::<H>(ptr, function, field) }?;
     // SAFETY: made by `into_raw` as a Box<H>; the tag was checked.
     let mut boxed = unsafe { Box::from_raw(ptr as *mut H) };
-    // Poison the tag so that a second destroy or a later use is caught while
-    // the allocator has not reused the memory.
     boxed.set_dead();
     Ok(boxed)
 }
 
-macro_rules! tagged_handle {
-    ($ty:ident, $c:ident, $tag:expr, $what:literal) => {
-        impl Handle for $ty {
+/// Whose a routable handle is.
+pub(crate) enum Route<'a, H> {
+    Ours(&'a H),
+    /// The compute plugin's handle: forward it.
+    Compute(Arc<ComputePlugin>),
+}
+
+/// Decides whose handle `ptr` is (see the module doc).
+///
+/// # Safety
+/// As `try_borrow`.
+pub(crate) unsafe fn route<'a, H: Castable>(
+    ptr: *const H::C,
+    function: &str,
+    field: &str,
+) -> Result<Route<'a, H>> {
+    if ptr.is_null() {
+        return Err(invalid_argument(format!("{function}: {field} is null")));
+    }
+    // SAFETY: forwarded contract (routable handles keep their tag at 0).
+    let word = unsafe { tag_word(ptr.cast(), 0) };
+    if word == H::TAG {
+        // SAFETY: our tag: an `H` we made.
+        return Ok(Route::Ours(unsafe { &*(ptr as *const H) }));
+    }
+    if word == DEAD || OUR_TAGS.contains(&word) {
+        return Err(not_live::<H>(function, field));
+    }
+    match compute_plugin::loaded() {
+        Some(plugin) => Ok(Route::Compute(plugin)),
+        None => Err(not_live::<H>(function, field)),
+    }
+}
+
+/// Whether `ptr` is one of our handles of any type (a forwarded call must
+/// not hand the compute plugin one of ours).
+///
+/// # Safety
+/// `ptr` must be null or a readable handle-shaped object.
+pub(crate) unsafe fn is_ours(ptr: *const c_void) -> bool {
+    // SAFETY: forwarded contract.
+    !ptr.is_null() && {
+        let word = unsafe { tag_word(ptr, 0) };
+        word == DEAD || OUR_TAGS.contains(&word)
+    }
+}
+
+macro_rules! castable {
+    ($ty:ident, $c:ident, $ownership:ident, $tag:expr, $what:literal) => {
+        castable!($ty, $c, $ownership, $tag, $what, 0);
+    };
+    ($ty:ident, $c:ident, $ownership:ident, $tag:expr, $what:literal, $offset:expr) => {
+        impl Castable for $ty {
             type C = $c;
+            type Ownership = $ownership;
             const TAG: u64 = $tag;
+            const TAG_OFFSET: usize = $offset;
             const WHAT: &'static str = $what;
-            fn tag(&self) -> u64 {
-                self.tag
-            }
             fn set_dead(&mut self) {
                 self.tag = DEAD;
             }
@@ -102,24 +218,28 @@ unsafe impl<T> Sync for PtrList<T> {}
 
 // --------------------------------- client -----------------------------------
 
+#[repr(C)]
 pub(crate) struct ClientHandle {
     tag: u64,
     pub client: Arc<Client>,
     pub tables: Arc<ClientTables>,
 }
-tagged_handle!(
+castable!(
     ClientHandle,
     PJRT_Client,
-    0x4348_434c_4945_4e54,
+    OwnedBox,
+    CLIENT_TAG,
     "PJRT_Client"
 );
 
-/// Device, description and memory handles of one client, alive as long as the
-/// client or any of its buffers.
+/// Device, description and memory handles of one client, alive as long as
+/// the client or any of its (embedded) buffers.
 pub(crate) struct ClientTables {
     // Boxed so that the addresses handed to C stay fixed.
     #[allow(clippy::vec_box)]
     devices: Vec<Box<DeviceHandle>>,
+    #[allow(clippy::vec_box)]
+    memories: Vec<Box<MemoryHandle>>,
     pub all_devices: PtrList<PJRT_Device>,
     pub addressable_devices: PtrList<PJRT_Device>,
     pub addressable_memories: PtrList<PJRT_Memory>,
@@ -127,17 +247,45 @@ pub(crate) struct ClientTables {
 
 impl ClientHandle {
     pub fn new(client: Arc<Client>) -> ClientHandle {
-        let mut devices: Vec<Box<DeviceHandle>> = client
+        let mut memories: Vec<Box<MemoryHandle>> = Vec::new();
+        for device in client.devices() {
+            for memory in &device.memories {
+                if !memories.iter().any(|m| Arc::ptr_eq(&m.memory, memory)) {
+                    memories.push(Box::new(MemoryHandle::new(memory.clone())));
+                }
+            }
+        }
+        let memory_ptr = |memories: &[Box<MemoryHandle>], memory: &Arc<Memory>| {
+            memories
+                .iter()
+                .find(|m| Arc::ptr_eq(&m.memory, memory))
+                .map(|m| &**m as *const MemoryHandle as *mut PJRT_Memory)
+                .expect("every device memory has a handle")
+        };
+        let devices: Vec<Box<DeviceHandle>> = client
             .devices()
             .iter()
-            .map(|d| DeviceHandle::new(d.clone()))
+            .map(|d| {
+                let all = d
+                    .memories
+                    .iter()
+                    .map(|m| memory_ptr(&memories, m))
+                    .collect();
+                DeviceHandle::new(d.clone(), memory_ptr(&memories, &d.memory), PtrList(all))
+            })
             .collect();
-        // Wire memory → device back pointers now that device boxes are fixed.
-        for device in devices.iter_mut() {
-            let device_ptr = &mut **device as *mut DeviceHandle as *mut PJRT_Device;
-            device.memory.devices = PtrList(vec![device_ptr]);
-        }
         let ptr_of = |d: &DeviceHandle| d as *const DeviceHandle as *mut PJRT_Device;
+        // Wire memory → device back pointers now that device boxes are fixed.
+        for memory in memories.iter_mut() {
+            let addressing = memory
+                .memory
+                .devices
+                .iter()
+                .filter_map(|id| devices.iter().find(|d| d.device.global_id == *id))
+                .map(|d| ptr_of(d))
+                .collect();
+            memory.devices = PtrList(addressing);
+        }
         let all_devices = PtrList(devices.iter().map(|d| ptr_of(d)).collect());
         let addressable_devices = PtrList(
             devices
@@ -147,26 +295,81 @@ impl ClientHandle {
                 .collect(),
         );
         let addressable_memories = PtrList(
-            devices
+            memories
                 .iter()
-                .filter(|d| d.device.addressable)
-                .map(|d| d.memory_ptr())
+                .filter(|m| {
+                    client
+                        .device_by_global_id(m.memory.device_global_id(), "")
+                        .is_ok_and(|d| d.addressable)
+                })
+                .map(|m| &**m as *const MemoryHandle as *mut PJRT_Memory)
                 .collect(),
         );
+        let tables = ClientTables {
+            devices,
+            memories,
+            all_devices,
+            addressable_devices,
+            addressable_memories,
+        };
+        tables.register_compute_handles(&client);
         ClientHandle {
             tag: Self::TAG,
             client,
-            tables: Arc::new(ClientTables {
-                devices,
-                all_devices,
-                addressable_devices,
-                addressable_memories,
-            }),
+            tables: Arc::new(tables),
         }
     }
 }
 
+/// The compute plugin's device and memory handles → ours, for outputs of
+/// forwarded calls (a buffer's device, an executable's devices).
+static COMPUTE_DEVICES: Lazy<RwLock<HashMap<InnerPtr, (usize, Weak<Client>)>>> =
+    Lazy::new(Default::default);
+static COMPUTE_MEMORIES: Lazy<RwLock<HashMap<InnerPtr, usize>>> = Lazy::new(Default::default);
+
+/// Our device handle wrapping the compute plugin's `inner`, if any.
+pub(crate) fn device_of_compute(inner: *mut PJRT_Device) -> Option<*mut PJRT_Device> {
+    COMPUTE_DEVICES
+        .read()
+        .get(&InnerPtr::from(inner))
+        .map(|(p, _)| *p as *mut PJRT_Device)
+}
+
+/// The delegating client that owns the compute plugin's device `inner`.
+pub(crate) fn client_of_compute_device(inner: *mut PJRT_Device) -> Option<Arc<Client>> {
+    COMPUTE_DEVICES
+        .read()
+        .get(&InnerPtr::from(inner))
+        .and_then(|(_, client)| client.upgrade())
+}
+
+/// Our memory handle wrapping the compute plugin's `inner`, if any.
+pub(crate) fn memory_of_compute(inner: *mut PJRT_Memory) -> Option<*mut PJRT_Memory> {
+    COMPUTE_MEMORIES
+        .read()
+        .get(&InnerPtr::from(inner))
+        .map(|&p| p as *mut PJRT_Memory)
+}
+
 impl ClientTables {
+    fn register_compute_handles(&self, client: &Arc<Client>) {
+        let mut devices = COMPUTE_DEVICES.write();
+        for d in &self.devices {
+            if let Some(inner) = &d.device.compute {
+                devices.insert(
+                    inner.device,
+                    (&**d as *const DeviceHandle as usize, Arc::downgrade(client)),
+                );
+            }
+        }
+        let mut memories = COMPUTE_MEMORIES.write();
+        for m in &self.memories {
+            if let Some(inner) = &m.memory.compute {
+                memories.insert(inner.memory, &**m as *const MemoryHandle as usize);
+            }
+        }
+    }
+
     pub fn device_ptr(&self, global_id: i32) -> *mut PJRT_Device {
         self.devices
             .iter()
@@ -175,62 +378,97 @@ impl ClientTables {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    pub fn memory_ptr(&self, memory_id: i32) -> *mut PJRT_Memory {
-        self.devices
+    /// Our handle of `memory` (one of this client's memories).
+    pub fn memory_ptr(&self, memory: &Arc<Memory>) -> *mut PJRT_Memory {
+        self.memories
             .iter()
-            .find(|d| d.memory.memory.id == memory_id)
-            .map(|d| d.memory_ptr())
+            .find(|m| Arc::ptr_eq(&m.memory, memory))
+            .map(|m| &**m as *const MemoryHandle as *mut PJRT_Memory)
             .unwrap_or(std::ptr::null_mut())
+    }
+}
+
+impl Drop for ClientTables {
+    fn drop(&mut self) {
+        let mut devices = COMPUTE_DEVICES.write();
+        for d in &self.devices {
+            if let Some(inner) = &d.device.compute {
+                devices.remove(&inner.device);
+            }
+        }
+        let mut memories = COMPUTE_MEMORIES.write();
+        for m in &self.memories {
+            if let Some(inner) = &m.memory.compute {
+                memories.remove(&inner.memory);
+            }
+        }
     }
 }
 
 // --------------------------------- device -----------------------------------
 
+#[repr(C)]
 pub(crate) struct DeviceHandle {
     tag: u64,
     pub device: Arc<Device>,
     pub description: DescriptionHandle,
-    pub memory: Box<MemoryHandle>,
+    default_memory: *mut PJRT_Memory,
     pub memories: PtrList<PJRT_Memory>,
 }
-tagged_handle!(
+castable!(
     DeviceHandle,
     PJRT_Device,
-    0x4348_4445_5649_4345,
+    Borrowed,
+    DEVICE_TAG,
     "PJRT_Device"
 );
 
+// SAFETY: the memory pointers point into the same ClientTables, which is
+// immutable after construction; `Device` is Sync.
+unsafe impl Send for DeviceHandle {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceHandle {}
+
 impl DeviceHandle {
-    fn new(device: Arc<Device>) -> Box<DeviceHandle> {
-        let mut memory = Box::new(MemoryHandle::new(device.memory.clone()));
-        let memory_ptr = &mut *memory as *mut MemoryHandle as *mut PJRT_Memory;
+    fn new(
+        device: Arc<Device>,
+        default_memory: *mut PJRT_Memory,
+        memories: PtrList<PJRT_Memory>,
+    ) -> Box<DeviceHandle> {
         Box::new(DeviceHandle {
             tag: Self::TAG,
             description: DescriptionHandle::new(device.clone()),
             device,
-            memory,
-            memories: PtrList(vec![memory_ptr]),
+            default_memory,
+            memories,
         })
     }
 
     pub fn memory_ptr(&self) -> *mut PJRT_Memory {
-        &*self.memory as *const MemoryHandle as *mut PJRT_Memory
+        self.default_memory
     }
 
     pub fn description_ptr(&self) -> *mut PJRT_DeviceDescription {
         &self.description as *const DescriptionHandle as *mut PJRT_DeviceDescription
     }
+
+    /// The compute plugin's device behind a delegating client's device.
+    pub fn compute_device(&self) -> Option<*mut PJRT_Device> {
+        self.device.compute.as_ref().map(|c| c.device.as_mut())
+    }
 }
 
+#[repr(C)]
 pub(crate) struct DescriptionHandle {
     tag: u64,
     pub device: Arc<Device>,
     pub attributes: NamedValues,
 }
-tagged_handle!(
+castable!(
     DescriptionHandle,
     PJRT_DeviceDescription,
-    0x4348_4445_5343_5200,
+    Borrowed,
+    DESCRIPTION_TAG,
     "PJRT_DeviceDescription"
 );
 
@@ -246,25 +484,38 @@ impl DescriptionHandle {
                 NamedValue::Int(device.global_id as i64),
             ),
         ];
-        if device.addressable {
+        if device.compute.is_some() {
+            named[0].1 = NamedValue::Str("compute_plugin".into());
+            named.extend(
+                device
+                    .compute_attributes
+                    .iter()
+                    .filter(|(name, _)| name != "backend" && name != "global_device_id")
+                    .map(|(name, value)| (name.clone(), NamedValue::from(value))),
+            );
+        } else if device.addressable {
             let index = device.local_hardware_id as usize;
             named.extend(device.backend.device_attributes(index).into_iter().map(
                 |(name, value)| {
                     let value = match value {
-                        AttributeValue::Str(s) => NamedValue::Str(s),
-                        AttributeValue::Int(i) => NamedValue::Int(i),
-                        AttributeValue::Bool(b) => NamedValue::Bool(b),
+                        crate::backend::AttributeValue::Str(s) => NamedValue::Str(s),
+                        crate::backend::AttributeValue::Int(i) => NamedValue::Int(i),
+                        crate::backend::AttributeValue::Bool(b) => NamedValue::Bool(b),
                     };
                     (name, value)
                 },
             ));
         }
-        let attributes = NamedValues::new(named);
         DescriptionHandle {
             tag: Self::TAG,
             device,
-            attributes,
+            attributes: NamedValues::new(named),
         }
+    }
+
+    /// The compute plugin's description behind a delegating client's device.
+    pub fn compute_description(&self) -> Option<*mut PJRT_DeviceDescription> {
+        self.device.compute.as_ref().map(|c| c.description.as_mut())
     }
 }
 
@@ -279,11 +530,13 @@ pub(crate) struct MemoryHandle {
     pub devices: PtrList<PJRT_Device>,
     user_data: Mutex<HashMap<usize, UserData>>,
 }
-tagged_handle!(
+castable!(
     MemoryHandle,
     PJRT_Memory,
-    0x4348_4d45_4d4f_5259,
-    "PJRT_Memory"
+    Borrowed,
+    MEMORY_TAG,
+    "PJRT_Memory",
+    std::mem::size_of::<PJRT_Memory>()
 );
 
 // SAFETY: `base` points at an immutable static vtable; user data is guarded by
@@ -363,10 +616,16 @@ impl MemoryHandle {
             user_data: Mutex::new(HashMap::new()),
         }
     }
+
+    /// The compute plugin's memory behind a delegating client's memory.
+    pub fn compute_memory(&self) -> Option<*mut PJRT_Memory> {
+        self.memory.compute.as_ref().map(|c| c.memory.as_mut())
+    }
 }
 
 // --------------------------------- buffer -----------------------------------
 
+#[repr(C)]
 pub(crate) struct BufferHandle {
     tag: u64,
     pub buffer: Arc<Buffer>,
@@ -376,10 +635,11 @@ pub(crate) struct BufferHandle {
     pub dims: Vec<i64>,
     pub minor_to_major: Vec<i64>,
 }
-tagged_handle!(
+castable!(
     BufferHandle,
     PJRT_Buffer,
-    0x4348_4255_4646_4552,
+    OwnedBox,
+    BUFFER_TAG,
     "PJRT_Buffer"
 );
 
@@ -404,6 +664,7 @@ impl BufferHandle {
 
 // --------------------------------- event ------------------------------------
 
+#[repr(C)]
 pub(crate) struct EventHandle {
     tag: u64,
     pub future: Future,
@@ -411,7 +672,7 @@ pub(crate) struct EventHandle {
     /// completes with `PJRT_Event_Set`.
     pub promise: Option<PromiseOnce>,
 }
-tagged_handle!(EventHandle, PJRT_Event, 0x4348_4556_454e_5400, "PJRT_Event");
+castable!(EventHandle, PJRT_Event, OwnedBox, EVENT_TAG, "PJRT_Event");
 
 impl EventHandle {
     pub fn from_future(future: Future) -> EventHandle {
@@ -437,7 +698,21 @@ impl EventHandle {
 pub(crate) enum NamedValue {
     Str(String),
     Int(i64),
+    IntList(Vec<i64>),
+    Float(f32),
     Bool(bool),
+}
+
+impl From<&AttributeValue> for NamedValue {
+    fn from(value: &AttributeValue) -> NamedValue {
+        match value {
+            AttributeValue::Str(s) => NamedValue::Str(s.clone()),
+            AttributeValue::Int(i) => NamedValue::Int(*i),
+            AttributeValue::IntList(l) => NamedValue::IntList(l.clone()),
+            AttributeValue::Float(f) => NamedValue::Float(*f),
+            AttributeValue::Bool(b) => NamedValue::Bool(*b),
+        }
+    }
 }
 
 /// A `PJRT_NamedValue` array plus the strings it points into.
@@ -471,6 +746,16 @@ impl NamedValues {
                     NamedValue::Int(i) => {
                         v.type_ = PJRT_NamedValue_kInt64;
                         v.__bindgen_anon_1.int64_value = *i;
+                        v.value_size = 1;
+                    }
+                    NamedValue::IntList(list) => {
+                        v.type_ = PJRT_NamedValue_kInt64List;
+                        v.__bindgen_anon_1.int64_array_value = list.as_ptr();
+                        v.value_size = list.len();
+                    }
+                    NamedValue::Float(f) => {
+                        v.type_ = PJRT_NamedValue_kFloat;
+                        v.__bindgen_anon_1.float_value = *f;
                         v.value_size = 1;
                     }
                     NamedValue::Bool(b) => {

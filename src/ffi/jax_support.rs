@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::bindings::*;
 use super::boundary::null_field;
-use super::handles::{borrow, ClientHandle};
+use super::handles::{try_borrow, ClientHandle};
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
 
@@ -111,12 +111,21 @@ crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client
         return Err(status);
     }
     // SAFETY: client_create succeeded, so `client` is the live handle it made.
-    let handle = unsafe { borrow::<ClientHandle>(args.client, "PJRT_Client_Create", "client") }?;
+    let handle = unsafe { try_borrow::<ClientHandle>(args.client, "PJRT_Client_Create", "client") }?;
     let mut live = LIVE_CLIENTS.lock();
     live.retain(|c| c.strong_count() > 0);
     live.push(Arc::downgrade(&handle.client));
     Ok(())
 });
+
+/// The live clients of this process, in creation order.
+pub(crate) fn live_clients() -> Vec<Arc<Client>> {
+    LIVE_CLIENTS
+        .lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect()
+}
 
 /// JSON array with one object per live client of this process:
 /// `{"process_index":N,"metrics":{...pjrt_crosshost_metrics_json...}}`, in
@@ -125,11 +134,7 @@ crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
     std::panic::catch_unwind(|| {
-        let clients: Vec<Arc<Client>> = LIVE_CLIENTS
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let clients = live_clients();
         let entries: Vec<String> = clients
             .iter()
             .map(|c| {

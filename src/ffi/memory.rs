@@ -1,5 +1,5 @@
 //! PJRT_Memory_*.
-use super::handles::{borrow, MemoryHandle};
+use super::handles::{try_borrow, MemoryHandle};
 use super::strings::str_out;
 use crate::status::Result;
 
@@ -10,7 +10,7 @@ unsafe fn memory_arg<'a>(
     function: &str,
 ) -> Result<&'a MemoryHandle> {
     // SAFETY: forwarded contract.
-    unsafe { borrow::<MemoryHandle>(memory, function, "memory") }
+    unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }
 }
 
 crate::pjrt_entry!(memory_id = "PJRT_Memory_Id", PJRT_Memory_Id_Args through id, |args| {
@@ -23,7 +23,7 @@ crate::pjrt_entry!(memory_id = "PJRT_Memory_Id", PJRT_Memory_Id_Args through id,
 crate::pjrt_entry!(memory_kind = "PJRT_Memory_Kind", PJRT_Memory_Kind_Args through kind_size, |args| {
     // SAFETY: live handle per contract.
     let m = unsafe { memory_arg(args.memory, "PJRT_Memory_Kind") }?;
-    (args.kind, args.kind_size) = str_out(m.memory.kind);
+    (args.kind, args.kind_size) = str_out(&m.memory.kind);
     Ok(())
 });
 

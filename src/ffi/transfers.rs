@@ -12,13 +12,16 @@ use parking_lot::Mutex;
 
 use super::bindings::*;
 use super::boundary::{null_field, panic_message, run_entry};
-use super::buffer::buffer_arg;
 use super::client::{client_arg, read_dims};
 use super::errors::{error_into_raw, take_error};
-use super::handles::{borrow, into_raw, take, BufferHandle, DeviceHandle, EventHandle};
+use super::handles::{
+    into_raw, route, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
+    Route,
+};
 use crate::api::client::Client;
 use crate::api::element_type::{ElementType, Shape};
-use crate::api::transfers::{PeerIncarnations, ReceiveSpec};
+use crate::api::transfers::{PeerIncarnations, ReceiveSpec, ReceivedBuffer, SourceBuffer};
+use crate::backend::compute_plugin::InnerPtr;
 use crate::status::{invalid_argument, Code, Result, Status};
 
 const MAKE: &str = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers";
@@ -84,6 +87,38 @@ unsafe fn read_shapes(
     Ok(shapes)
 }
 
+/// A buffer a send reads: ours, or the compute plugin's (one rule for both,
+/// see `handles.rs`).
+///
+/// # Safety
+/// `buffer` must be null or a live buffer handle (ours or the compute
+/// plugin's).
+unsafe fn source_buffer(
+    buffer: *mut PJRT_Buffer,
+    function: &str,
+    field: &str,
+) -> Result<SourceBuffer> {
+    // SAFETY: forwarded contract.
+    Ok(
+        match unsafe { route::<BufferHandle>(buffer, function, field) }? {
+            Route::Ours(b) => SourceBuffer::Embedded(b.buffer.clone()),
+            Route::Compute(_) => SourceBuffer::Compute(InnerPtr::from(buffer)),
+        },
+    )
+}
+
+/// Hands a received buffer to the caller.
+fn hand_out(buffer: ReceivedBuffer, client: &ClientHandle) -> *mut PJRT_Buffer {
+    match buffer {
+        ReceivedBuffer::Embedded(buffer) => into_raw(BufferHandle::new(
+            buffer,
+            client.client.clone(),
+            client.tables.clone(),
+        )),
+        ReceivedBuffer::Compute(alias) => alias.into_raw(),
+    }
+}
+
 /// # Safety
 /// When `num_tasks > 0` both arrays must hold `num_tasks` entries.
 unsafe fn read_incarnations(
@@ -108,7 +143,7 @@ crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_Cros
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, RECV) }?;
     // SAFETY: live device per contract.
-    let device = unsafe { borrow::<DeviceHandle>(args.device, RECV, "device") }?;
+    let device = unsafe { try_borrow::<DeviceHandle>(args.device, RECV, "device") }?;
     // SAFETY: the header's arrays of num_shapes entries.
     let shapes = unsafe {
         read_shapes(args.num_shapes, args.shape_num_dims, args.num_dims as *const *const i64, args.element_types, args.layouts, RECV)
@@ -136,7 +171,7 @@ crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_Cros
     // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
     let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, args.num_shapes) };
     for (slot, buffer) in out.iter_mut().zip(buffers) {
-        *slot = into_raw(BufferHandle::new(buffer, client.client.clone(), client.tables.clone()));
+        *slot = hand_out(buffer, client);
     }
     Ok(())
 });
@@ -167,8 +202,7 @@ crate::pjrt_entry!(cross_host_send_buffers = "PJRT_Transfers_PJRT_Client_CrossHo
     let mut buffers = Vec::with_capacity(handles.len());
     for (i, &h) in handles.iter().enumerate() {
         // SAFETY: live buffer handles per contract.
-        let b = unsafe { buffer_arg(h, SEND, &format!("buffers[{i}]")) }?;
-        buffers.push(b.buffer.clone());
+        buffers.push(unsafe { source_buffer(h, SEND, &format!("buffers[{i}]")) }?);
     }
     let events = client.client.cross_host_send(buffers, destinations, keys, incarnations, SEND)?;
     // SAFETY: caller-allocated array of num_buffers entries (checked non-null).
@@ -274,7 +308,7 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
         // SAFETY: live client per contract.
         let client = unsafe { client_arg(args.client, MAKE) }?;
         // SAFETY: live device per contract.
-        let device = unsafe { borrow::<DeviceHandle>(args.device, MAKE, "device") }?;
+        let device = unsafe { try_borrow::<DeviceHandle>(args.device, MAKE, "device") }?;
         let notifier = args
             .notifier
             .notifier
@@ -306,11 +340,7 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
         // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
         let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
         for (slot, buffer) in out.iter_mut().zip(buffers) {
-            *slot = into_raw(BufferHandle::new(
-                buffer,
-                client.client.clone(),
-                client.tables.clone(),
-            ));
+            *slot = hand_out(buffer, client);
         }
         args.num_buffers = count;
         let mut pointers: Vec<*const c_char> = descriptors
@@ -358,7 +388,8 @@ impl OwnedEvent {
         // to CopyToRemoteDevice; it is destroyed exactly once, here.
         // `PJRT_Event_Set` works on its own clone of the promise, so freeing
         // the handle from inside the set's callbacks is sound.
-        if let Err(e) = unsafe { take::<EventHandle>(self.0 as *mut PJRT_Event, COPY, "event") } {
+        if let Err(e) = unsafe { try_take::<EventHandle>(self.0 as *mut PJRT_Event, COPY, "event") }
+        {
             log::error!("{e}");
         }
     }
@@ -479,14 +510,18 @@ fn start_copy_to_remote(
         None
     } else {
         // SAFETY: the caller transfers ownership of a live event.
-        let event = unsafe { borrow::<EventHandle>(args.event, COPY, "event") }?;
+        let event = unsafe { try_borrow::<EventHandle>(args.event, COPY, "event") }?;
         let future = event.future.clone();
         let owned = OwnedEvent(args.event as usize);
         future.on_ready(move |_| owned.destroy());
         Some(future)
     };
     // SAFETY: live buffer per contract.
-    let source = unsafe { buffer_arg(args.buffer, COPY, "buffer") }?;
+    let source = unsafe { source_buffer(args.buffer, COPY, "buffer") }?;
+    let client = match &source {
+        SourceBuffer::Embedded(buffer) => embedded_owner(args.buffer, buffer)?,
+        SourceBuffer::Compute(inner) => delegating_owner(*inner)?,
+    };
     if args.serialized_descriptor.is_null() || args.serialized_descriptor_size.is_null() {
         return Err(null_field(
             COPY,
@@ -507,14 +542,13 @@ fn start_copy_to_remote(
         size: args.serialized_descriptor_size as usize,
         destructor,
     };
-    let client = source.client.clone();
-    let buffer = source.buffer.clone();
+    let bounded_client = client.clone();
     let send = move |ready: Result<()>| {
         let descriptor = match ready.and_then(|()| slot.take()) {
             Ok(d) => d,
             Err(status) => return on_done.call(Err(status), false),
         };
-        match client.send_to_descriptor(buffer, &descriptor, COPY) {
+        match client.send_to_descriptor(source, &descriptor, COPY) {
             Ok(done) => done.on_ready(move |outcome| on_done.call(outcome.clone(), true)),
             Err(status) => on_done.call(Err(status), false),
         }
@@ -523,12 +557,40 @@ fn start_copy_to_remote(
         None => send(Ok(())),
         // Bounded: an event never set ends in DEADLINE_EXCEEDED through
         // on_done after the client's send timeout, instead of never.
-        Some(future) => source
-            .client
+        Some(future) => bounded_client
             .bounded_by_send_timeout(future, "the descriptor event")
             .on_ready(move |outcome| send(outcome.clone())),
     }
     Ok(())
+}
+
+/// The client of one of our buffers.
+fn embedded_owner(
+    raw: *mut PJRT_Buffer,
+    _buffer: &Arc<crate::api::buffer::Buffer>,
+) -> Result<Arc<Client>> {
+    // SAFETY: `source_buffer` just established that `raw` is our live buffer.
+    Ok(unsafe { try_borrow::<BufferHandle>(raw, COPY, "buffer") }?
+        .client
+        .clone())
+}
+
+/// The delegating client whose compute plugin made `buffer`.
+fn delegating_owner(buffer: InnerPtr) -> Result<Arc<Client>> {
+    let plugin = crate::backend::compute_plugin::loaded().ok_or_else(|| {
+        invalid_argument(format!("{COPY}: buffer is not a live PJRT_Buffer handle"))
+    })?;
+    let mut args = PJRT_Buffer_Device_Args {
+        struct_size: PJRT_Buffer_Device_Args_STRUCT_SIZE as usize,
+        buffer: buffer.as_mut(),
+        ..Default::default()
+    };
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_Device, &mut args)?;
+    super::handles::client_of_compute_device(args.device).ok_or_else(|| {
+        invalid_argument(format!(
+            "{COPY}: the buffer belongs to no live client of this plugin"
+        ))
+    })
 }
 
 // ------------------------------- the table ----------------------------------
@@ -544,7 +606,10 @@ static EXTENSION: Lazy<ExtensionTable> = Lazy::new(|| {
         base: PJRT_Extension_Base {
             struct_size: std::mem::size_of::<PJRT_CrossHostTransfers_Extension>(),
             type_: PJRT_Extension_Type_CrossHostTransfers,
-            next: std::ptr::null_mut(),
+            // The compute plugin's extensions follow ours.
+            next: crate::backend::compute_plugin::loaded()
+                .map(|plugin| super::forward::extensions::compute_chain(&plugin))
+                .unwrap_or(std::ptr::null_mut()),
         },
         PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers: Some(
             make_cross_host_receive_buffers,

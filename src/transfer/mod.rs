@@ -3,6 +3,7 @@
 //! DESIGN.md §3) and the send/receive service built on it.
 pub mod cuda_path;
 pub mod descriptor;
+pub mod host_destination;
 pub mod keys;
 pub mod receipt;
 pub mod recv_state;

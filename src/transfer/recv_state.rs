@@ -3,7 +3,7 @@
 //! gone from the store" is in this file.
 //!
 //! ```text
-//!  begin ──► Waiting ──(AsyncGet fires, right nonce)──► publish ──► Retiring ──► Retired
+//!  begin ──► Waiting ──(AsyncGet fires, right nonce)──► publish ─► record ─► Retiring ──► Retired
 //!               │   └─(wrong nonce: stale)─► re-arm, still Waiting
 //!               │
 //!               ├─(cancel)──► publish CANCELLED ─► PublishedEarly ──(set CANCEL wakes the AsyncGet)
@@ -13,7 +13,12 @@
 //! ```
 //!
 //! Publish, then retire: the buffer's `Future` (its readiness event) is set
-//! before `delete` is even called, so readiness never waits on the store; the
+//! before `delete` is even called, so readiness never waits on the store.
+//! "Record the event" belongs to publication: a receive may carry a
+//! `RecordEvent` (a delegating client's fulfilment of the compute plugin's
+//! alias buffer, docs/DESIGN.md §11), run once with the outcome right after
+//! the promise is set, on every path that publishes (receipt, cancel,
+//! deadline, shutdown) and always before the keys are deleted. The
 //! keys (completion key plus `extra_keys`, the v2 descriptor keys) are
 //! deleted after it, for OK and error alike. A failed delete is logged at
 //! error level and counted; the published status is not changed.
@@ -75,6 +80,10 @@ use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce, 
 use crate::transfer::keys::CompletionKey;
 use crate::transfer::receipt::Receipt;
 
+/// Records a buffer's published outcome where the caller sees it (the
+/// compute plugin's alias buffer); runs once, before the keys are retired.
+pub type RecordEvent = Box<dyn FnOnce(&Outcome) + Send>;
+
 #[derive(Clone, Debug)]
 pub struct ReceiveConfig {
     /// A receive not completed by then becomes DEADLINE_EXCEEDED.
@@ -128,6 +137,8 @@ struct Receive {
     extra_keys: Vec<String>,
     /// The buffer's result; its future is the buffer's readiness event.
     promise: PromiseOnce,
+    /// Taken by the one publication.
+    record: Mutex<Option<RecordEvent>>,
     /// Resolved once the keys are retired (deleted, retained, or failed).
     retired: PromiseOnce,
     phase: Mutex<Phase>,
@@ -196,6 +207,17 @@ impl ReceiveTracker {
         nonce: u64,
         extra_keys: Vec<String>,
     ) -> Result<PendingReceive> {
+        self.begin_recording(key, nonce, extra_keys, None)
+    }
+
+    /// `begin`, with the step that records the published outcome.
+    pub fn begin_recording(
+        self: &Arc<Self>,
+        key: CompletionKey,
+        nonce: u64,
+        extra_keys: Vec<String>,
+        record: Option<RecordEvent>,
+    ) -> Result<PendingReceive> {
         let (promise, _) = PromiseOnce::new();
         let (retired, _) = PromiseOnce::new();
         let rx = Arc::new(Receive {
@@ -203,6 +225,7 @@ impl ReceiveTracker {
             nonce,
             extra_keys,
             promise,
+            record: Mutex::new(record),
             retired,
             phase: Mutex::new(Phase::Waiting(Arm {
                 generation: 0,
@@ -418,9 +441,14 @@ impl ReceiveTracker {
 
     // -- publish, then retire -------------------------------------------------
 
-    /// The buffer's readiness event fires here (its future is set).
+    /// The buffer's readiness event fires here (its future is set), then the
+    /// outcome is recorded where the caller sees it.
     fn publish(&self, rx: &Receive, outcome: Outcome) {
-        rx.promise.set(outcome);
+        rx.promise.set(outcome.clone());
+        let record = rx.record.lock().take();
+        if let Some(record) = record {
+            record(&outcome);
+        }
     }
 
     /// Deletes the buffer's keys. Only the thread that moved the phase to

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use once_cell::sync::{Lazy, OnceCell};
@@ -17,11 +17,11 @@ use parking_lot::Mutex;
 
 use super::cuda_path;
 use super::descriptor::{AllocationHandle, Descriptor};
+use super::host_destination::{local_region, Destination, HostDestination, HostRoute};
 use super::keys::{descriptor_key, CompletionKey};
 use super::receipt::Receipt;
-use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
+use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker, RecordEvent};
 use super::session::Session;
-use crate::backend::shared::SharedHostMemory;
 use crate::backend::{Allocation, DevicePlacement};
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
@@ -99,6 +99,24 @@ pub struct BufferSpec {
     pub dims: Vec<i64>,
 }
 
+/// Records a receive buffer's outcome where its caller sees it, given the
+/// memory the bytes landed in (a delegating client fulfils the compute
+/// plugin's alias buffer with a view of it). Runs once, before the keys are
+/// retired.
+pub type RecordReceived = Box<dyn FnOnce(&Outcome, &Allocation) + Send>;
+
+/// One buffer to receive.
+pub struct ReceiveRequest {
+    pub spec: BufferSpec,
+    pub record: Option<RecordReceived>,
+}
+
+impl From<BufferSpec> for ReceiveRequest {
+    fn from(spec: BufferSpec) -> ReceiveRequest {
+        ReceiveRequest { spec, record: None }
+    }
+}
+
 /// One receive buffer's memory, readiness event and descriptor.
 pub struct ReceiveDestination {
     pub memory: Allocation,
@@ -113,12 +131,6 @@ pub struct SendSource {
     pub spec: BufferSpec,
     pub global_device_id: i32,
 }
-
-/// Receive destinations of this process, by shared-memory name, so that a
-/// sender in the same process writes them directly instead of mapping them
-/// a second time.
-static LOCAL_REGIONS: Lazy<Mutex<HashMap<String, Weak<SharedRegion>>>> =
-    Lazy::new(Default::default);
 
 /// Other processes' pooled segments this process has mapped as a sender.
 /// Kept across transfers (mapping and faulting 256 MiB costs more than
@@ -234,28 +246,28 @@ impl TransferService {
     /// shared memory is offered (same host) unless TCP is forced.
     pub fn receive_v1(
         self: &Arc<Self>,
-        specs: &[BufferSpec],
+        requests: Vec<ReceiveRequest>,
         placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
         // Each receiving process numbers its own v1 transfers: its index
         // keeps two receivers of one session from sharing key names.
         let epoch = format!("{}.v1.p{}", self.session.epoch, self.session.process_index);
-        specs
-            .iter()
-            .enumerate()
-            .map(|(index, spec)| {
-                let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
-                self.open_destination(spec, key, None, None, self.config.force_tcp, placement)
-            })
-            .collect()
+        let mut opened = Vec::with_capacity(requests.len());
+        for (index, request) in requests.into_iter().enumerate() {
+            let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
+            let destination =
+                self.open_destination(request, key, None, None, self.config.force_tcp, placement);
+            opened.push(destination);
+        }
+        self.all_or_none(opened)
     }
 
     /// v2: one destination per buffer, its descriptor published under the
     /// pair's descriptor key for the sender to pick up.
     pub fn receive_v2(
         self: &Arc<Self>,
-        specs: &[BufferSpec],
+        requests: Vec<ReceiveRequest>,
         my_device: i32,
         peers: &[(i32, i64)],
         incarnations: Option<&[(i32, i64)]>,
@@ -267,9 +279,10 @@ impl TransferService {
         }
         let me = self.session.process_index;
         let local_host = HostIdentity::local()?;
+        // Check every peer before opening anything.
+        let mut plan = Vec::with_capacity(peers.len());
         let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
-        let mut out = Vec::with_capacity(specs.len());
-        for (spec, &(peer_device, transfer_key)) in specs.iter().zip(peers) {
+        for &(peer_device, transfer_key) in peers {
             let peer = self.remote_process(peer_device, F)?;
             let epoch =
                 self.pair_epoch(peer_device, my_device, peer.process_index, me, incarnations);
@@ -278,16 +291,45 @@ impl TransferService {
             let desc_key = descriptor_key(&epoch, transfer_key, *index)?;
             *index += 1;
             let use_tcp = self.config.force_tcp || peer.host != local_host;
-            out.push(self.open_destination(
-                spec,
+            plan.push((key, desc_key, peer.process_index, use_tcp));
+        }
+        let mut opened = Vec::with_capacity(plan.len());
+        for (request, (key, desc_key, peer_process, use_tcp)) in requests.into_iter().zip(plan) {
+            opened.push(self.open_destination(
+                request,
                 key,
                 Some(desc_key),
-                Some(peer.process_index),
+                Some(peer_process),
                 use_tcp,
                 placement,
-            )?);
+            ));
         }
-        Ok(out)
+        self.all_or_none(opened)
+    }
+
+    /// All destinations, or the first error after cancelling the ones that
+    /// did open (so none waits for a sender until its deadline).
+    fn all_or_none(
+        &self,
+        opened: Vec<Result<(ReceiveDestination, PendingReceive)>>,
+    ) -> Result<Vec<ReceiveDestination>> {
+        let Some(failure) = opened.iter().find_map(|o| o.as_ref().err()).cloned() else {
+            return Ok(opened
+                .into_iter()
+                .filter_map(|o| o.ok())
+                .map(|(d, _)| d)
+                .collect());
+        };
+        for (_, receive) in opened.into_iter().flatten() {
+            let _ = receive.cancel(Status::new(
+                failure.code,
+                format!(
+                    "another buffer of this receive could not be set up: {}",
+                    failure.message
+                ),
+            ));
+        }
+        Err(failure)
     }
 
     fn remote_process(
@@ -335,48 +377,40 @@ impl TransferService {
 
     fn open_destination(
         self: &Arc<Self>,
-        spec: &BufferSpec,
+        request: ReceiveRequest,
         key: CompletionKey,
         descriptor_key: Option<String>,
         peer_process: Option<i32>,
         use_tcp: bool,
         placement: &DevicePlacement,
-    ) -> Result<ReceiveDestination> {
+    ) -> Result<(ReceiveDestination, PendingReceive)> {
+        let ReceiveRequest { spec, record } = request;
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
-        // CUDA hook (issue #5): a CUDA device's destination is device memory
-        // exported as a CUDA IPC handle (transfer/cuda_path.rs); everything
-        // after the allocation handle is shared with the host path.
-        let (memory, lease, allocation, offset, cuda): (Allocation, _, _, _, _) = if placement
-            .is_host()
-        {
-            let memory = Arc::new(SharedHostMemory::new(
-                self.pool.allocate(spec.byte_size)?,
-                placement.counters.clone(),
-            ));
-            let lease = memory.lease().clone();
-            // Armed before the descriptor exists: only its holder can claim.
-            lease.claim_slot().arm(nonce);
-            let (allocation, offset) = if use_tcp {
-                let server = self.tcp_server()?;
-                server.register(token, lease.clone())?;
-                let endpoint = server.local_addr();
-                (AllocationHandle::Tcp { endpoint }, 0)
+        let destination = if placement.is_host() {
+            let route = if use_tcp {
+                HostRoute::Tcp(self.tcp_server()?, token)
             } else {
-                let region = lease.region();
-                let mut local = LOCAL_REGIONS.lock();
-                if local.len() > 64 {
-                    local.retain(|_, r| r.strong_count() > 0);
-                }
-                local.insert(region.name().to_string(), Arc::downgrade(region));
-                let name = region.name().to_string();
-                (AllocationHandle::SharedMemory { name }, lease.offset())
+                HostRoute::SharedMemory
             };
-            (memory, Some(lease), allocation, offset, None)
+            Destination::Host(HostDestination::open(
+                &self.pool,
+                spec.byte_size,
+                placement.counters.clone(),
+                nonce,
+                route,
+            )?)
         } else {
-            let cuda = cuda_path::open_destination(placement, spec.byte_size, use_tcp, "receive")?;
-            (cuda.memory(), None, cuda.allocation_handle(), 0, Some(cuda))
+            // CUDA hook (issue #5): device memory exported as a CUDA IPC
+            // handle (transfer/cuda_path.rs).
+            Destination::Cuda(cuda_path::open_destination(
+                placement,
+                spec.byte_size,
+                use_tcp,
+                "receive",
+            )?)
         };
+        let (allocation, offset) = destination.location();
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
@@ -392,9 +426,16 @@ impl TransferService {
         .encode()?;
         let key_name = key.as_str().to_string();
         let extra_keys: Vec<String> = descriptor_key.iter().cloned().collect();
+        let memory = destination.memory();
+        let record: Option<RecordEvent> = record.map(|record| {
+            let memory = memory.clone();
+            Box::new(move |outcome: &Outcome| record(outcome, &memory)) as RecordEvent
+        });
         // Wait first, publish second: the sender can only act on the
         // descriptor after our AsyncGet is registered.
-        let receive = self.tracker.begin(key, nonce, extra_keys)?;
+        let receive = self
+            .tracker
+            .begin_recording(key, nonce, extra_keys, record)?;
         if let Some(desc_key) = &descriptor_key {
             if let Err(e) = self.store.set(desc_key, &descriptor) {
                 let _ = receive.cancel(Status::new(
@@ -415,49 +456,24 @@ impl TransferService {
         let byte_size = spec.byte_size as u64;
         let definition = receive.future();
         definition.on_ready(move |outcome| {
-            // Whether a sender took the destination (TCP: claimed its token;
-            // shared memory: claimed its slot). An unclaimed one is closed
-            // now, so no sender can write it any more.
-            let mut claimed = lease
-                .as_ref()
-                .is_some_and(|lease| !lease.claim_slot().close_unclaimed(nonce));
-            if let Some(service) = service.upgrade() {
+            let service = service.upgrade();
+            if let Some(service) = &service {
                 service.pending.lock().remove(&key_name);
-                if let Some(server) = service.tcp_server.get() {
-                    if use_tcp && server.unregister(&token).is_none() {
-                        claimed = true;
-                    }
-                }
                 if outcome.is_ok() {
                     service.metrics.add_bytes_received(byte_size);
                 }
             }
-            if let Some(cuda) = &cuda {
-                cuda.retire();
-            }
-            let Some(lease) = lease else { return };
-            if outcome.is_ok() {
-                lease.claim_slot().close();
-            } else if claimed {
-                // Ended without the sender's receipt after a sender took the
-                // destination: its write may still land, so the range must
-                // never be handed out again.
-                lease.quarantine_on_drop();
-            }
-            // A dedicated region's name goes now (the buffer keeps the
-            // mapping); pooled segments stay linked while the pool lives.
-            if let Err(e) = lease.unlink_if_dedicated() {
-                log::warn!(
-                    "unlinking receive destination {}: {e}",
-                    lease.segment_name()
-                );
-            }
+            let server = service.as_ref().and_then(|s| s.tcp_server.get());
+            destination.retire(outcome, server);
         });
-        Ok(ReceiveDestination {
-            memory,
-            definition,
-            descriptor,
-        })
+        Ok((
+            ReceiveDestination {
+                memory,
+                definition,
+                descriptor,
+            },
+            receive,
+        ))
     }
 
     /// `future`'s outcome, or DEADLINE_EXCEEDED if it is not ready within
@@ -663,8 +679,7 @@ impl TransferService {
                         descriptor.host.hostname
                     ))));
                 }
-                let local = LOCAL_REGIONS.lock().get(name).and_then(Weak::upgrade);
-                let region = match local {
+                let region = match local_region(name) {
                     Some(region) => region,
                     None => mapped_segment(name, descriptor.offset + descriptor.byte_size)
                         .map_err(CopyError::Refused)?,
@@ -680,10 +695,12 @@ impl TransferService {
                             format!("{function}: {}", e.message),
                         ))
                     })?;
+                // Straight into the mapping: a host source is one memcpy, a
+                // compute plugin's buffer is read back into it directly.
                 let offset = descriptor.offset as usize;
-                Ok(source
-                    .memory
-                    .read_with(&mut |bytes| region.write_at(offset, bytes))?)
+                Ok(region.fill_at(offset, source.spec.byte_size, |dst| {
+                    source.memory.read(0, dst)
+                })?)
             }
             AllocationHandle::Tcp { endpoint } => source
                 .memory

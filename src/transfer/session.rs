@@ -1,7 +1,9 @@
 //! The job's session: a random epoch agreed by every process at client
 //! creation, and the process table (devices per process, host identity)
-//! exchanged through the store. Global device ids are assigned in process
-//! order, so every process derives the same ids.
+//! exchanged through the store. A process either states its devices' global
+//! ids (a delegating client takes its compute plugin's numbering) or leaves
+//! them to be assigned in process order; either way every process derives
+//! the same ids.
 //!
 //! Keys (under the caller's session name):
 //! - `crosshost/session/<name>/epoch`: written by process 0;
@@ -16,19 +18,62 @@ use crate::status::{self, Result};
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
+/// The devices a process brings to the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalDevices {
+    pub count: usize,
+    /// Their global ids, if the process chose them; `None`: assigned in
+    /// process order.
+    pub ids: Option<Vec<i32>>,
+    /// Device kind (the same for all of a process's devices).
+    pub kind: String,
+}
+
+impl LocalDevices {
+    pub fn sequential(count: usize, kind: &str) -> LocalDevices {
+        LocalDevices {
+            count,
+            ids: None,
+            kind: kind.to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessEntry {
     pub process_index: i32,
     pub num_devices: usize,
+    pub device_ids: Option<Vec<i32>>,
+    pub device_kind: String,
     pub host: HostIdentity,
     pub pid: u32,
 }
 
 impl ProcessEntry {
+    fn mine(process_index: i32, devices: LocalDevices) -> Result<ProcessEntry> {
+        Ok(ProcessEntry {
+            process_index,
+            num_devices: devices.count,
+            device_ids: devices.ids,
+            device_kind: devices.kind,
+            host: HostIdentity::local()?,
+            pid: std::process::id(),
+        })
+    }
+
     fn encode(&self) -> String {
+        let ids = match &self.device_ids {
+            None => "-".to_string(),
+            Some(ids) => ids.iter().map(i32::to_string).collect::<Vec<_>>().join(","),
+        };
         format!(
-            "xs1 {} {} {} {}",
-            self.num_devices, self.host.hostname, self.host.boot_id, self.pid
+            "xs2 {} {} {} {} {} {}",
+            self.num_devices,
+            self.host.hostname,
+            self.host.boot_id,
+            self.pid,
+            ids,
+            self.device_kind
         )
     }
 
@@ -40,13 +85,30 @@ impl ProcessEntry {
             ))
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
-        let parts: Vec<&str> = text.split(' ').collect();
-        let ["xs1", devices, hostname, boot_id, pid] = parts[..] else {
+        // The kind is last and may contain spaces (a GPU's name).
+        let parts: Vec<&str> = text.splitn(7, ' ').collect();
+        let ["xs2", devices, hostname, boot_id, pid, ids, kind] = parts[..] else {
             return Err(bad());
+        };
+        let num_devices: usize = devices.parse().map_err(|_| bad())?;
+        let device_ids = match ids {
+            "-" => None,
+            list => {
+                let ids = list
+                    .split(',')
+                    .map(|id| id.parse::<i32>().map_err(|_| bad()))
+                    .collect::<Result<Vec<i32>>>()?;
+                if ids.len() != num_devices {
+                    return Err(bad());
+                }
+                Some(ids)
+            }
         };
         Ok(ProcessEntry {
             process_index,
-            num_devices: devices.parse().map_err(|_| bad())?,
+            num_devices,
+            device_ids,
+            device_kind: kind.to_string(),
             host: HostIdentity {
                 hostname: hostname.to_string(),
                 boot_id: boot_id.to_string(),
@@ -68,16 +130,11 @@ pub struct Session {
 
 impl Session {
     /// A single-process session: nothing to agree on.
-    pub fn local(num_devices: usize) -> Result<Session> {
+    pub fn local(devices: LocalDevices) -> Result<Session> {
         Ok(Session {
             epoch: format!("{:016x}", random_u64()?),
             process_index: 0,
-            processes: vec![ProcessEntry {
-                process_index: 0,
-                num_devices,
-                host: HostIdentity::local()?,
-                pid: std::process::id(),
-            }],
+            processes: vec![ProcessEntry::mine(0, devices)?],
         })
     }
 
@@ -88,7 +145,7 @@ impl Session {
         name: &str,
         process_index: i32,
         num_processes: usize,
-        num_devices: usize,
+        devices: LocalDevices,
         timeout: Duration,
     ) -> Result<Session> {
         let epoch_key = format!("crosshost/session/{name}/epoch");
@@ -109,12 +166,7 @@ impl Session {
             String::from_utf8(bytes)
                 .map_err(|_| status::data_loss(format!("session {name:?}: epoch is not UTF-8")))?
         };
-        let me = ProcessEntry {
-            process_index,
-            num_devices,
-            host: HostIdentity::local()?,
-            pid: std::process::id(),
-        };
+        let me = ProcessEntry::mine(process_index, devices)?;
         let entry_key = |i: usize| format!("crosshost/session/{name}/{epoch}/process/{i}");
         store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
         let mut processes = Vec::with_capacity(num_processes);
@@ -141,26 +193,29 @@ impl Session {
         })
     }
 
-    /// Global id of the first device of each process.
-    pub fn first_global_ids(&self) -> Vec<i32> {
+    /// The global ids of each process's devices: the ones it stated, or
+    /// assigned in process order (counting every process's devices).
+    pub fn device_ids(&self) -> Vec<Vec<i32>> {
         let mut next = 0i32;
         self.processes
             .iter()
             .map(|p| {
                 let first = next;
                 next += p.num_devices as i32;
-                first
+                match &p.device_ids {
+                    Some(ids) => ids.clone(),
+                    None => (first..first + p.num_devices as i32).collect(),
+                }
             })
             .collect()
     }
 
     /// The process owning a global device id.
     pub fn process_of_device(&self, global_id: i32) -> Option<&ProcessEntry> {
-        let firsts = self.first_global_ids();
         self.processes
             .iter()
-            .zip(firsts)
-            .find(|(p, first)| global_id >= *first && global_id < first + p.num_devices as i32)
+            .zip(self.device_ids())
+            .find(|(_, ids)| ids.contains(&global_id))
             .map(|(p, _)| p)
     }
 }
@@ -176,22 +231,66 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let s2 = store.clone();
         let other = std::thread::spawn(move || {
-            Session::establish(&*s2, "job", 1, 2, 3, Duration::from_secs(10)).unwrap()
+            Session::establish(&*s2, "job", 1, 2, host(3), Duration::from_secs(10)).unwrap()
         });
-        let first = Session::establish(&*store, "job", 0, 2, 2, Duration::from_secs(10)).unwrap();
+        let first =
+            Session::establish(&*store, "job", 0, 2, host(2), Duration::from_secs(10)).unwrap();
         let second = other.join().unwrap();
         assert_eq!(first.epoch, second.epoch);
         assert_eq!(first.processes, second.processes);
-        assert_eq!(first.first_global_ids(), vec![0, 2]);
+        assert_eq!(first.device_ids(), vec![vec![0, 1], vec![2, 3, 4]]);
         assert_eq!(first.process_of_device(4).unwrap().process_index, 1);
         assert!(first.process_of_device(5).is_none());
+    }
+
+    fn host(count: usize) -> LocalDevices {
+        LocalDevices::sequential(count, "crosshost-host")
+    }
+
+    #[test]
+    fn stated_device_ids_and_kinds_travel_to_every_process() {
+        let store = Arc::new(MemoryStore::new());
+        let s2 = store.clone();
+        let stated = |ids: Vec<i32>, kind: &str| LocalDevices {
+            count: ids.len(),
+            ids: Some(ids),
+            kind: kind.to_string(),
+        };
+        let other = std::thread::spawn(move || {
+            let devices = stated(vec![2048, 2049], "NVIDIA H200 (141 GB)");
+            Session::establish(&*s2, "ids", 1, 2, devices, Duration::from_secs(10)).unwrap()
+        });
+        let devices = stated(vec![0, 1], "cpu");
+        let first =
+            Session::establish(&*store, "ids", 0, 2, devices, Duration::from_secs(10)).unwrap();
+        let second = other.join().unwrap();
+        assert_eq!(first.processes, second.processes);
+        assert_eq!(first.device_ids(), vec![vec![0, 1], vec![2048, 2049]]);
+        assert_eq!(first.processes[1].device_kind, "NVIDIA H200 (141 GB)");
+        assert_eq!(first.process_of_device(2049).unwrap().process_index, 1);
+        assert!(first.process_of_device(2).is_none());
+    }
+
+    #[test]
+    fn malformed_entries_are_data_loss() {
+        for text in [
+            "xs1 2 h b 1",
+            "xs2 2 h b 1 0,1,2 cpu",
+            "xs2 x h b 1 - cpu",
+            "xs2 1 h b 1 a cpu",
+        ] {
+            let err = ProcessEntry::decode(3, text.as_bytes()).unwrap_err();
+            assert_eq!(err.code, crate::status::Code::DataLoss, "{text}");
+        }
+        let ok = ProcessEntry::decode(3, b"xs2 2 h b 7 - crosshost-host").unwrap();
+        assert_eq!((ok.num_devices, ok.pid, ok.device_ids), (2, 7, None));
     }
 
     #[test]
     fn a_missing_peer_is_a_bounded_error() {
         let store = MemoryStore::new();
-        let err =
-            Session::establish(&store, "lonely", 0, 2, 1, Duration::from_millis(20)).unwrap_err();
+        let err = Session::establish(&store, "lonely", 0, 2, host(1), Duration::from_millis(20))
+            .unwrap_err();
         assert!(err.message.contains("process 1"), "{}", err.message);
     }
 }

@@ -235,6 +235,27 @@ impl SharedRegion {
         Ok(())
     }
 
+    /// Lets `fill` write `len` bytes at `offset` directly (bounds checked):
+    /// a source that reads into a slice (a compute plugin's buffer) lands in
+    /// the mapping without a staging copy. The caller must hold the right to
+    /// write that range (a sender's claim on the destination).
+    pub fn fill_at(
+        &self,
+        offset: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.check_range(offset, len, "write")?;
+        if len == 0 {
+            return fill(&mut []);
+        }
+        // SAFETY: the range lies inside the mapping (checked) and stays mapped
+        // while `self` lives; the caller's claim makes this the only writer of
+        // it, and nothing in this process reads it before the receipt.
+        let slice = unsafe { std::slice::from_raw_parts_mut(self.as_ptr().add(offset), len) };
+        fill(slice)
+    }
+
     /// Copies `out.len()` bytes from the region at `offset` (bounds checked).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len(), "read")?;

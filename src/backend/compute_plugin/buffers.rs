@@ -1,0 +1,550 @@
+//! Inner buffers the transfer path works with: receive buffers (alias
+//! buffers, fulfilled by a view of the bytes we received), send sources
+//! (retained through an alias of the caller's buffer, read back straight
+//! into the destination), and inner events as our futures.
+//!
+//! Every shape we hand the inner plugin carries an explicit dense row-major
+//! layout: XLA's CPU plugin refuses an alias without one, and an older one
+//! compares the alias's layout with the fulfilling buffer's.
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use super::{ComputeClient, ComputeMemory, ComputePlugin, InnerPtr, UserArg};
+use crate::backend::DeviceMemory;
+use crate::ffi::bindings::*;
+use crate::status::{internal, invalid_argument, Outcome, Result, Status};
+use crate::sync::{Future, PromiseOnce};
+
+/// A dense row-major tiled layout for `rank` dims, kept alive with the
+/// pointer handed to the inner plugin.
+struct DenseLayout {
+    minor_to_major: Vec<i64>,
+    layout: PJRT_Buffer_MemoryLayout,
+}
+
+impl DenseLayout {
+    fn new(rank: usize) -> Box<DenseLayout> {
+        let mut boxed = Box::new(DenseLayout {
+            minor_to_major: (0..rank as i64).rev().collect(),
+            layout: PJRT_Buffer_MemoryLayout {
+                struct_size: PJRT_Buffer_MemoryLayout_STRUCT_SIZE as usize,
+                type_: PJRT_Buffer_MemoryLayout_Type_Tiled,
+                ..Default::default()
+            },
+        });
+        boxed.layout.__bindgen_anon_1.tiled = PJRT_Buffer_MemoryLayout_Tiled {
+            struct_size: PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            minor_to_major: boxed.minor_to_major.as_ptr(),
+            minor_to_major_size: boxed.minor_to_major.len(),
+            tile_dims: std::ptr::null(),
+            tile_dim_sizes: std::ptr::null(),
+            num_tiles: 0,
+        };
+        boxed
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut PJRT_Buffer_MemoryLayout {
+        &mut self.layout
+    }
+}
+
+// ---------------------------------- events -----------------------------------
+
+struct OnReadyState {
+    plugin: Arc<ComputePlugin>,
+    event: InnerPtr,
+    promise: PromiseOnce,
+}
+
+fn destroy_event(plugin: &ComputePlugin, event: InnerPtr) {
+    let mut args = PJRT_Event_Destroy_Args {
+        struct_size: PJRT_Event_Destroy_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        event: event.as_mut(),
+    };
+    if let Err(e) = crate::inner_call!(plugin, PJRT_Event_Destroy, &mut args) {
+        log::warn!("{e}");
+    }
+}
+
+unsafe extern "C" fn event_ready(error: *mut PJRT_Error, user_arg: UserArg) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `user_arg` is the box `InnerEvent::into_future` leaked for
+        // this one callback.
+        let state = unsafe { Box::from_raw(user_arg as *mut OnReadyState) };
+        let outcome = match super::take_inner_error(&state.plugin, error) {
+            None => Ok(()),
+            Some(status) => Err(status),
+        };
+        destroy_event(&state.plugin, state.event);
+        state.promise.set(outcome);
+    }));
+}
+
+/// Turns an inner event (which this call owns and destroys) into a future
+/// of its outcome.
+pub fn event_future(plugin: &Arc<ComputePlugin>, event: *mut PJRT_Event) -> Future {
+    if event.is_null() {
+        return Future::ready(Err(internal("the compute plugin returned no event")));
+    }
+    let (promise, future) = PromiseOnce::new();
+    let state = Box::into_raw(Box::new(OnReadyState {
+        plugin: plugin.clone(),
+        event: InnerPtr::from(event),
+        promise,
+    }));
+    let mut args = PJRT_Event_OnReady_Args {
+        struct_size: PJRT_Event_OnReady_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        event,
+        callback: Some(event_ready),
+        user_arg: state as *mut c_void,
+    };
+    if let Err(e) = crate::inner_call!(plugin.as_ref(), PJRT_Event_OnReady, &mut args) {
+        // The callback will never run: the state is still ours.
+        // SAFETY: leaked just above and not handed to anyone.
+        let state = unsafe { Box::from_raw(state) };
+        destroy_event(plugin, state.event);
+        state.promise.set(Err(e));
+    }
+    future
+}
+
+/// Waits for an inner event (owned, destroyed here).
+pub fn wait_event(plugin: &ComputePlugin, event: *mut PJRT_Event) -> Outcome {
+    if event.is_null() {
+        return Ok(());
+    }
+    let mut args = PJRT_Event_Await_Args {
+        struct_size: PJRT_Event_Await_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        event,
+    };
+    let outcome = crate::inner_call!(plugin, PJRT_Event_Await, &mut args);
+    destroy_event(plugin, InnerPtr::from(event));
+    outcome
+}
+
+// ---------------------------------- buffers ----------------------------------
+
+/// An inner `PJRT_Buffer*` we own (destroyed on drop unless handed out).
+pub struct InnerBuffer {
+    client: Arc<ComputeClient>,
+    buffer: InnerPtr,
+}
+
+impl InnerBuffer {
+    /// Takes ownership of an inner buffer handle.
+    pub fn own(client: Arc<ComputeClient>, buffer: *mut PJRT_Buffer) -> InnerBuffer {
+        InnerBuffer {
+            client,
+            buffer: InnerPtr::from(buffer),
+        }
+    }
+
+    pub fn raw(&self) -> *mut PJRT_Buffer {
+        self.buffer.as_mut()
+    }
+
+    /// Gives the handle to the caller (who destroys it).
+    pub fn into_raw(self) -> *mut PJRT_Buffer {
+        let raw = self.raw();
+        std::mem::forget(self);
+        raw
+    }
+
+    /// The buffer's definition event.
+    pub fn ready(&self) -> Future {
+        let plugin = self.client.plugin();
+        let mut args = PJRT_Buffer_ReadyEvent_Args {
+            struct_size: PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            buffer: self.raw(),
+            event: std::ptr::null_mut(),
+        };
+        match crate::inner_call!(plugin.as_ref(), PJRT_Buffer_ReadyEvent, &mut args) {
+            Ok(()) => event_future(plugin, args.event),
+            Err(e) => Future::ready(Err(e)),
+        }
+    }
+
+    /// Copies the whole buffer, row-major, into `dst` (blocking).
+    pub fn read_into(&self, dst: &mut [u8]) -> Outcome {
+        let plugin = self.client.plugin();
+        let rank = self.dims()?.len();
+        let mut layout = DenseLayout::new(rank);
+        let mut args = PJRT_Buffer_ToHostBuffer_Args {
+            struct_size: PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            src: self.raw(),
+            host_layout: layout.as_mut_ptr(),
+            dst: dst.as_mut_ptr() as *mut c_void,
+            dst_size: dst.len(),
+            event: std::ptr::null_mut(),
+        };
+        crate::inner_call!(plugin.as_ref(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        wait_event(plugin, args.event)
+    }
+
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        buffer_dims(self.client.plugin(), self.raw())
+    }
+
+    pub fn element_type(&self) -> Result<PJRT_Buffer_Type> {
+        buffer_element_type(self.client.plugin(), self.raw())
+    }
+}
+
+/// The dims of an inner buffer (ours or the caller's).
+pub fn buffer_dims(plugin: &ComputePlugin, buffer: *mut PJRT_Buffer) -> Result<Vec<i64>> {
+    let mut args = PJRT_Buffer_Dimensions_Args {
+        struct_size: PJRT_Buffer_Dimensions_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        buffer,
+        dims: std::ptr::null(),
+        num_dims: 0,
+    };
+    crate::inner_call!(plugin, PJRT_Buffer_Dimensions, &mut args)?;
+    Ok(if args.num_dims == 0 || args.dims.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: `num_dims` entries, alive as long as the buffer.
+        unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec()
+    })
+}
+
+/// The element type of an inner buffer.
+pub fn buffer_element_type(
+    plugin: &ComputePlugin,
+    buffer: *mut PJRT_Buffer,
+) -> Result<PJRT_Buffer_Type> {
+    let mut args = PJRT_Buffer_ElementType_Args {
+        struct_size: PJRT_Buffer_ElementType_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        buffer,
+        type_: 0,
+    };
+    crate::inner_call!(plugin, PJRT_Buffer_ElementType, &mut args)?;
+    Ok(args.type_)
+}
+
+impl Drop for InnerBuffer {
+    fn drop(&mut self) {
+        let mut args = PJRT_Buffer_Destroy_Args {
+            struct_size: PJRT_Buffer_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            buffer: self.raw(),
+        };
+        if let Err(e) = crate::inner_call!(
+            self.client.plugin().as_ref(),
+            PJRT_Buffer_Destroy,
+            &mut args
+        ) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+// ------------------------------ alias buffers --------------------------------
+
+/// Keeps received bytes alive while an inner view uses them.
+type KeepAlive = Box<dyn Any + Send>;
+
+unsafe extern "C" fn release_view(_device_buffer: *mut c_void, user_arg: UserArg) {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: the box `fulfill_with_host_bytes` leaked for this view.
+        drop(unsafe { Box::from_raw(user_arg as *mut KeepAlive) });
+    });
+}
+
+/// A receive buffer: an inner alias buffer, not ready until fulfilled. The
+/// alias itself goes to the caller; we keep the fulfil callback.
+pub struct AliasBuffer {
+    client: Arc<ComputeClient>,
+    /// Ours until handed out with `take_handle`.
+    alias: Option<InnerBuffer>,
+    callback: InnerPtr,
+    memory: InnerPtr,
+    element_type: PJRT_Buffer_Type,
+    dims: Vec<i64>,
+}
+
+// SAFETY: the inner handles are thread-safe per the PJRT C API; the fulfil
+// callback is used once, by whichever thread publishes.
+unsafe impl Send for AliasBuffer {}
+
+impl AliasBuffer {
+    /// `PJRT_Client_CreateAliasBuffer` on `memory`.
+    pub fn create(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        element_type: PJRT_Buffer_Type,
+        dims: &[i64],
+    ) -> Result<AliasBuffer> {
+        let mut layout = DenseLayout::new(dims.len());
+        let mut args = PJRT_Client_CreateAliasBuffer_Args {
+            struct_size: PJRT_Client_CreateAliasBuffer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            client: client.raw(),
+            memory: memory.memory.as_mut(),
+            shape_dims: dims.as_ptr(),
+            shape_num_dims: dims.len(),
+            shape_element_type: element_type,
+            shape_layout: layout.as_mut_ptr(),
+            alias_buffer: std::ptr::null_mut(),
+            fulfill_alias_buffer_cb: std::ptr::null_mut(),
+        };
+        crate::inner_call!(
+            client.plugin().as_ref(),
+            PJRT_Client_CreateAliasBuffer,
+            &mut args
+        )?;
+        if args.alias_buffer.is_null() || args.fulfill_alias_buffer_cb.is_null() {
+            return Err(internal(
+                "PJRT_Client_CreateAliasBuffer (compute plugin) returned no buffer or callback",
+            ));
+        }
+        Ok(AliasBuffer {
+            client: client.clone(),
+            alias: Some(InnerBuffer::own(client.clone(), args.alias_buffer)),
+            callback: InnerPtr::from(args.fulfill_alias_buffer_cb),
+            memory: memory.memory,
+            element_type,
+            dims: dims.to_vec(),
+        })
+    }
+
+    /// The alias itself, for the caller; fulfilment stays with us.
+    pub fn take_handle(&mut self) -> Option<InnerBuffer> {
+        self.alias.take()
+    }
+
+    /// Fulfils the alias with the received bytes at `address` (`len`
+    /// bytes, row-major), kept alive by `keep` for as long as the inner
+    /// plugin uses them: a view where the plugin takes host memory, one copy
+    /// where it does not.
+    pub fn fulfill_with_host_bytes(
+        mut self,
+        address: usize,
+        len: usize,
+        keep: KeepAlive,
+    ) -> Outcome {
+        let view = self.view_of(address, keep).or_else(|view_error| {
+            log::debug!(
+                "compute plugin cannot view host memory ({view_error}); copying the received bytes"
+            );
+            self.copy_of(address, len)
+        });
+        match view {
+            Ok(buffer) => self.fulfill(buffer.raw(), Ok(())),
+            Err(e) => {
+                let outcome = Err(Status::new(
+                    e.code,
+                    format!(
+                        "received bytes could not be handed to the compute plugin: {}",
+                        e.message
+                    ),
+                ));
+                self.fulfill(std::ptr::null_mut(), outcome.clone())?;
+                outcome
+            }
+        }
+    }
+
+    /// Fulfils the alias with an error: the receive failed.
+    pub fn fail(mut self, status: &Status) -> Outcome {
+        self.fulfill(std::ptr::null_mut(), Err(status.clone()))
+    }
+
+    fn view_of(&self, address: usize, keep: KeepAlive) -> Result<InnerBuffer> {
+        let mut layout = DenseLayout::new(self.dims.len());
+        let keep = Box::into_raw(Box::new(keep));
+        let mut args = PJRT_Client_CreateViewOfDeviceBuffer_Args {
+            struct_size: PJRT_Client_CreateViewOfDeviceBuffer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            client: self.client.raw(),
+            device_buffer_ptr: address as *mut c_void,
+            dims: self.dims.as_ptr(),
+            num_dims: self.dims.len(),
+            element_type: self.element_type,
+            layout: layout.as_mut_ptr(),
+            device: std::ptr::null_mut(),
+            on_delete_callback: Some(release_view),
+            on_delete_callback_arg: keep as *mut c_void,
+            stream: 0,
+            buffer: std::ptr::null_mut(),
+            memory: self.memory.as_mut(),
+        };
+        let made = crate::inner_call!(
+            self.client.plugin().as_ref(),
+            PJRT_Client_CreateViewOfDeviceBuffer,
+            &mut args
+        );
+        match made {
+            Ok(()) if !args.buffer.is_null() => {
+                Ok(InnerBuffer::own(self.client.clone(), args.buffer))
+            }
+            other => {
+                // No view: the callback will never run, the bytes are ours.
+                // SAFETY: leaked above and not kept by the plugin.
+                drop(unsafe { Box::from_raw(keep) });
+                Err(other
+                    .err()
+                    .unwrap_or_else(|| internal("CreateViewOfDeviceBuffer returned no buffer")))
+            }
+        }
+    }
+
+    fn copy_of(&self, address: usize, len: usize) -> Result<InnerBuffer> {
+        let mut layout = DenseLayout::new(self.dims.len());
+        let mut args = PJRT_Client_BufferFromHostBuffer_Args {
+            struct_size: PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE as usize,
+            client: self.client.raw(),
+            data: address as *const c_void,
+            type_: self.element_type,
+            dims: self.dims.as_ptr(),
+            num_dims: self.dims.len(),
+            host_buffer_semantics: PJRT_HostBufferSemantics_kImmutableOnlyDuringCall,
+            device_layout: layout.as_mut_ptr(),
+            memory: self.memory.as_mut(),
+            ..Default::default()
+        };
+        let _ = len;
+        let plugin = self.client.plugin();
+        crate::inner_call!(plugin.as_ref(), PJRT_Client_BufferFromHostBuffer, &mut args)?;
+        // kImmutableOnlyDuringCall: the bytes were copied before return.
+        if !args.done_with_host_buffer.is_null() {
+            wait_event(plugin, args.done_with_host_buffer)?;
+        }
+        Ok(InnerBuffer::own(self.client.clone(), args.buffer))
+    }
+
+    fn fulfill(&mut self, buffer: *mut PJRT_Buffer, outcome: Outcome) -> Outcome {
+        let callback = std::mem::replace(&mut self.callback, InnerPtr(0));
+        if callback.is_null() {
+            return Err(internal("alias buffer fulfilled twice"));
+        }
+        let (code, message) = match &outcome {
+            Ok(()) => (PJRT_Error_Code_OK, String::new()),
+            Err(status) => (status.code as PJRT_Error_Code, status.message.clone()),
+        };
+        let mut args = PJRT_Client_FulfillAliasBuffer_Args {
+            struct_size: PJRT_Client_FulfillAliasBuffer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            client: self.client.raw(),
+            buffer,
+            status_code: code,
+            error_message: message.as_ptr() as *const _,
+            error_message_size: message.len(),
+            fulfill_alias_buffer_cb: callback.as_mut(),
+        };
+        let fulfilled = crate::inner_call!(
+            self.client.plugin().as_ref(),
+            PJRT_Client_FulfillAliasBuffer,
+            &mut args
+        );
+        match (&outcome, fulfilled) {
+            (_, Ok(())) => Ok(()),
+            // XLA answers an error fulfilment with that same error.
+            (Err(sent), Err(back)) if back.code == sent.code => Ok(()),
+            (_, Err(e)) => {
+                log::error!("fulfilling a receive buffer: {e}");
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for AliasBuffer {
+    /// Never left pending: an alias dropped unfulfilled (a receive whose
+    /// setup failed) is failed, so nothing waits on it forever.
+    fn drop(&mut self) {
+        if !self.callback.is_null() {
+            let _ = self.fulfill(
+                std::ptr::null_mut(),
+                Err(crate::status::cancelled(
+                    "the receive was abandoned before it started",
+                )),
+            );
+        }
+    }
+}
+
+// --------------------------------- sending -----------------------------------
+
+/// A send source: our own reference to the caller's buffer (an alias it
+/// fulfilled), so the bytes outlive the caller's handle until the send is
+/// done; the caller may destroy its buffer as soon as the send call returns.
+pub struct RetainedSource {
+    buffer: InnerBuffer,
+    len: usize,
+}
+
+// SAFETY: the inner buffer handle is thread-safe per the PJRT C API.
+unsafe impl Send for RetainedSource {}
+// SAFETY: reads only, through the inner plugin's thread-safe functions.
+unsafe impl Sync for RetainedSource {}
+
+impl RetainedSource {
+    /// Retains `source` (an inner buffer of `client` on `memory`) whose
+    /// row-major bytes are `len` long.
+    pub fn retain(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        source: *mut PJRT_Buffer,
+        len: usize,
+    ) -> Result<RetainedSource> {
+        if source.is_null() {
+            return Err(invalid_argument("send source buffer is null"));
+        }
+        let plugin = client.plugin();
+        let dims = buffer_dims(plugin, source)?;
+        let element_type = buffer_element_type(plugin, source)?;
+        let mut alias = AliasBuffer::create(client, memory, element_type, &dims)?;
+        alias.fulfill(source, Ok(()))?;
+        let buffer = alias
+            .alias
+            .take()
+            .ok_or_else(|| internal("alias buffer lost its handle"))?;
+        Ok(RetainedSource { buffer, len })
+    }
+
+    /// The source's definition event.
+    pub fn ready(&self) -> Future {
+        self.buffer.ready()
+    }
+}
+
+impl DeviceMemory for RetainedSource {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset == 0 && dst.len() == self.len {
+            return self.buffer.read_into(dst);
+        }
+        let end = offset
+            .checked_add(dst.len())
+            .filter(|end| *end <= self.len)
+            .ok_or_else(|| crate::status::out_of_range("read past the end of a send source"))?;
+        let mut staging = vec![0u8; self.len];
+        self.buffer.read_into(&mut staging)?;
+        dst.copy_from_slice(&staging[offset..end]);
+        Ok(())
+    }
+
+    fn write(&self, _offset: usize, _src: &[u8]) -> Result<()> {
+        Err(internal("a send source is read-only"))
+    }
+
+    fn address(&self) -> usize {
+        0
+    }
+
+    fn is_host_memory(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,699 @@
+//! Delegated slots: a client (or device) argument of ours decides. An
+//! embedded client's call goes to our entry; a delegating client's goes to
+//! the compute plugin with the client, device and memory arguments replaced
+//! by the compute plugin's own for the call (and restored after), device ids
+//! in compile options mapped to its numbering, and device assignments mapped
+//! back to ours.
+#![allow(non_snake_case)]
+
+use std::ptr::addr_of_mut;
+use std::sync::Arc;
+
+use super::{args, delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
+use crate::api::device_ids::{map_compile_options, DeviceIdMap};
+use crate::api::element_type::ElementType;
+use crate::backend::compute_plugin::ComputeClient;
+use crate::ffi::bindings::*;
+use crate::ffi::handles::{try_borrow, ClientHandle, DeviceHandle};
+use crate::ffi::{client, device, unimplemented};
+use crate::status::{invalid_argument, Result};
+
+/// Runs a slot whose client field decides: an embedded client → `ours`,
+/// a delegating one → `forward` (with the client already substituted).
+///
+/// # Safety
+/// `raw` must be null or the caller's args struct; `client_field` reads its
+/// client field, which `required` bytes cover.
+unsafe fn client_slot<T>(
+    raw: *mut T,
+    name: &'static str,
+    required: usize,
+    client_field: fn(*mut T) -> *mut *mut PJRT_Client,
+    ours: unsafe extern "C" fn(*mut T) -> *mut PJRT_Error,
+    forward: impl FnOnce(&ClientHandle, &Arc<ComputeClient>) -> Result<()>,
+) -> *mut PJRT_Error {
+    run_dispatch(name, || {
+        // SAFETY: the PJRT contract; `args` rejects null and short structs.
+        unsafe { args(raw, name, required) }?;
+        let field = client_field(raw);
+        // SAFETY: a field the caller's struct covers (checked above).
+        let (handle, compute) = unsafe { delegating(field.read(), name) }?;
+        let Some(compute) = compute else {
+            // SAFETY: our entry, with the caller's args.
+            return Ok(Dispatch::Ours(unsafe { ours(raw) }));
+        };
+        // SAFETY: as above; restored when the guard drops.
+        let _client = unsafe { substitute(field, compute.raw()) };
+        forward(handle, &compute)?;
+        Ok(Dispatch::Forwarded)
+    })
+}
+
+/// Substitutes a device field (if the caller's struct covers it).
+///
+/// # Safety
+/// `field` must be a field of the caller's args struct, or `covered` false.
+unsafe fn swap_device(
+    field: *mut *mut PJRT_Device,
+    covered: bool,
+    name: &str,
+    what: &str,
+) -> Result<Option<super::Restore<*mut PJRT_Device>>> {
+    if !covered {
+        return Ok(None);
+    }
+    // SAFETY: forwarded contract.
+    let inner = unsafe { inner_device(field.read(), name, what) }?;
+    // SAFETY: as above.
+    Ok(Some(unsafe { substitute(field, inner) }))
+}
+
+/// Substitutes a memory field (if the caller's struct covers it).
+///
+/// # Safety
+/// `field` must be a field of the caller's args struct, or `covered` false.
+unsafe fn swap_memory(
+    field: *mut *mut PJRT_Memory,
+    covered: bool,
+    name: &str,
+    what: &str,
+) -> Result<Option<super::Restore<*mut PJRT_Memory>>> {
+    if !covered {
+        return Ok(None);
+    }
+    // SAFETY: forwarded contract.
+    let inner = unsafe { inner_memory(field.read(), name, what) }?;
+    // SAFETY: as above.
+    Ok(Some(unsafe { substitute(field, inner) }))
+}
+
+/// The delegating client's id map, when it is not the identity.
+fn id_map(handle: &ClientHandle) -> Option<DeviceIdMap> {
+    let map = DeviceIdMap::new(handle.client.compute_device_ids());
+    (!map.is_identity()).then_some(map)
+}
+
+/// Compile options with our device ids turned into the compute plugin's,
+/// if they differ; `Ok(None)`: pass the caller's bytes as they are.
+///
+/// # Safety
+/// `options` must point to `size` readable bytes (or be null with size 0).
+unsafe fn compile_options_for_inner(
+    handle: &ClientHandle,
+    options: *const std::os::raw::c_char,
+    size: usize,
+    name: &str,
+) -> Result<Option<Vec<u8>>> {
+    let Some(map) = id_map(handle) else {
+        return Ok(None);
+    };
+    if size == 0 {
+        return Ok(None);
+    }
+    if options.is_null() {
+        return Err(invalid_argument(format!("{name}: compile_options is null")));
+    }
+    // SAFETY: forwarded contract.
+    let bytes = unsafe { std::slice::from_raw_parts(options as *const u8, size) };
+    map_compile_options(bytes, &|id| map.to_inner(id))
+        .map(Some)
+        .map_err(|e| invalid_argument(format!("{name}: {}", e.message)))
+}
+
+/// The address of a field of the caller's args (no dereference).
+macro_rules! field_ptr {
+    ($raw:expr, $args:ident . $field:ident) => {
+        $raw.cast::<u8>()
+            .wrapping_add(std::mem::offset_of!($args, $field))
+            .cast()
+    };
+}
+
+macro_rules! client_field {
+    ($args:ident) => {
+        |raw: *mut $args| -> *mut *mut PJRT_Client { field_ptr!(raw, $args.client) }
+    };
+}
+
+/// Compiles on the compute plugin (device ids mapped where they differ).
+pub(crate) unsafe extern "C" fn PJRT_Client_Compile(
+    raw: *mut PJRT_Client_Compile_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_Compile";
+    let required = crate::struct_size_through!(PJRT_Client_Compile_Args, compile_options_size);
+    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        let options = compile_options_for_inner(
+            handle,
+            (*raw).compile_options,
+            (*raw).compile_options_size,
+            F,
+        )?;
+        let _options = options.as_ref().map(|o| {
+            (
+                substitute(addr_of_mut!((*raw).compile_options), o.as_ptr() as *const _),
+                substitute(addr_of_mut!((*raw).compile_options_size), o.len()),
+            )
+        });
+        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_Compile, raw)
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_Compile_Args),
+            unimplemented::PJRT_Client_Compile,
+            forward,
+        )
+    }
+}
+
+/// The compute plugin's default assignment, in our device ids.
+pub(crate) unsafe extern "C" fn PJRT_Client_DefaultDeviceAssignment(
+    raw: *mut PJRT_Client_DefaultDeviceAssignment_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_DefaultDeviceAssignment";
+    let required =
+        crate::struct_size_through!(PJRT_Client_DefaultDeviceAssignment_Args, default_assignment);
+    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_DefaultDeviceAssignment,
+            raw
+        )?;
+        let (Some(map), false) = (id_map(handle), (*raw).default_assignment.is_null()) else {
+            return Ok(());
+        };
+        let ids = std::slice::from_raw_parts_mut(
+            (*raw).default_assignment,
+            (*raw).default_assignment_size,
+        );
+        for id in ids {
+            *id = map.to_ours(*id as i64)? as i32;
+        }
+        Ok(())
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_DefaultDeviceAssignment_Args),
+            unimplemented::PJRT_Client_DefaultDeviceAssignment,
+            forward,
+        )
+    }
+}
+
+/// Host data onto a device or memory of the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Client_BufferFromHostBuffer(
+    raw: *mut PJRT_Client_BufferFromHostBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_BufferFromHostBuffer";
+    let required = crate::struct_size_through!(PJRT_Client_BufferFromHostBuffer_Args, buffer);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        // XLA aborts the process on an unknown element type.
+        ElementType::from_raw((*raw).type_, F)?;
+        if (*raw).num_dims > 0 && (*raw).dims.is_null() {
+            return Err(invalid_argument(format!("{F}: dims is null")));
+        }
+        let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_BufferFromHostBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_BufferFromHostBuffer_Args),
+            client::client_buffer_from_host_buffer,
+            forward,
+        )
+    }
+}
+
+/// Loads a serialized executable on the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Executable_DeserializeAndLoad(
+    raw: *mut PJRT_Executable_DeserializeAndLoad_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Executable_DeserializeAndLoad";
+    let required =
+        crate::struct_size_through!(PJRT_Executable_DeserializeAndLoad_Args, loaded_executable);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Executable_DeserializeAndLoad,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Executable_DeserializeAndLoad_Args),
+            unimplemented::PJRT_Executable_DeserializeAndLoad,
+            forward,
+        )
+    }
+}
+
+/// A compute plugin buffer viewing memory the caller owns.
+pub(crate) unsafe extern "C" fn PJRT_Client_CreateViewOfDeviceBuffer(
+    raw: *mut PJRT_Client_CreateViewOfDeviceBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_CreateViewOfDeviceBuffer";
+    let required = crate::struct_size_through!(PJRT_Client_CreateViewOfDeviceBuffer_Args, buffer);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        ElementType::from_raw((*raw).element_type, F)?;
+        let covers_memory =
+            crate::has_field!(*raw, PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
+        let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), covers_memory, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_CreateViewOfDeviceBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_CreateViewOfDeviceBuffer_Args),
+            unimplemented::PJRT_Client_CreateViewOfDeviceBuffer,
+            forward,
+        )
+    }
+}
+
+/// The compute plugin's topology of this process's devices.
+pub(crate) unsafe extern "C" fn PJRT_Client_TopologyDescription(
+    raw: *mut PJRT_Client_TopologyDescription_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_TopologyDescription";
+    let required = crate::struct_size_through!(PJRT_Client_TopologyDescription_Args, topology);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_TopologyDescription,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_TopologyDescription_Args),
+            unimplemented::PJRT_Client_TopologyDescription,
+            forward,
+        )
+    }
+}
+
+/// The compute plugin's asynchronous host-to-device transfer manager.
+pub(crate) unsafe extern "C" fn PJRT_Client_CreateBuffersForAsyncHostToDevice(
+    raw: *mut PJRT_Client_CreateBuffersForAsyncHostToDevice_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_CreateBuffersForAsyncHostToDevice";
+    let required = crate::struct_size_through!(
+        PJRT_Client_CreateBuffersForAsyncHostToDevice_Args,
+        transfer_manager
+    );
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_CreateBuffersForAsyncHostToDevice,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args),
+            unimplemented::PJRT_Client_CreateBuffersForAsyncHostToDevice,
+            forward,
+        )
+    }
+}
+
+/// Registers host memory for DMA with the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Client_DmaMap(
+    raw: *mut PJRT_Client_DmaMap_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_DmaMap";
+    let required = crate::struct_size_through!(PJRT_Client_DmaMap_Args, size);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_DmaMap, raw)
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_DmaMap_Args),
+            unimplemented::PJRT_Client_DmaMap,
+            forward,
+        )
+    }
+}
+
+/// Unregisters host memory registered with `PJRT_Client_DmaMap`.
+pub(crate) unsafe extern "C" fn PJRT_Client_DmaUnmap(
+    raw: *mut PJRT_Client_DmaUnmap_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_DmaUnmap";
+    let required = crate::struct_size_through!(PJRT_Client_DmaUnmap_Args, data);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_DmaUnmap, raw)
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_DmaUnmap_Args),
+            unimplemented::PJRT_Client_DmaUnmap,
+            forward,
+        )
+    }
+}
+
+/// An uninitialized compute plugin buffer on a device or memory.
+pub(crate) unsafe extern "C" fn PJRT_Client_CreateUninitializedBuffer(
+    raw: *mut PJRT_Client_CreateUninitializedBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_CreateUninitializedBuffer";
+    let required = crate::struct_size_through!(PJRT_Client_CreateUninitializedBuffer_Args, buffer);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        ElementType::from_raw((*raw).shape_element_type, F)?;
+        let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_CreateUninitializedBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_CreateUninitializedBuffer_Args),
+            unimplemented::PJRT_Client_CreateUninitializedBuffer,
+            forward,
+        )
+    }
+}
+
+/// An alias buffer of the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Client_CreateAliasBuffer(
+    raw: *mut PJRT_Client_CreateAliasBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_CreateAliasBuffer";
+    let required =
+        crate::struct_size_through!(PJRT_Client_CreateAliasBuffer_Args, fulfill_alias_buffer_cb);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        ElementType::from_raw((*raw).shape_element_type, F)?;
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_CreateAliasBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_CreateAliasBuffer_Args),
+            unimplemented::PJRT_Client_CreateAliasBuffer,
+            forward,
+        )
+    }
+}
+
+/// Fulfils an alias buffer of the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Client_FulfillAliasBuffer(
+    raw: *mut PJRT_Client_FulfillAliasBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_FulfillAliasBuffer";
+    let required =
+        crate::struct_size_through!(PJRT_Client_FulfillAliasBuffer_Args, fulfill_alias_buffer_cb);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        super::require_compute_buffer((*raw).buffer, F, "buffer")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_FulfillAliasBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_FulfillAliasBuffer_Args),
+            unimplemented::PJRT_Client_FulfillAliasBuffer,
+            forward,
+        )
+    }
+}
+
+/// A compute plugin buffer that carries an error.
+pub(crate) unsafe extern "C" fn PJRT_Client_CreateErrorBuffer(
+    raw: *mut PJRT_Client_CreateErrorBuffer_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_CreateErrorBuffer";
+    let required = crate::struct_size_through!(PJRT_Client_CreateErrorBuffer_Args, buffer);
+    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        ElementType::from_raw((*raw).shape_element_type, F)?;
+        let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
+        crate::inner_call!(
+            compute.plugin().as_ref(),
+            PJRT_Client_CreateErrorBuffer,
+            raw
+        )
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_CreateErrorBuffer_Args),
+            unimplemented::PJRT_Client_CreateErrorBuffer,
+            forward,
+        )
+    }
+}
+
+/// Loads a compiled executable on the compute plugin.
+pub(crate) unsafe extern "C" fn PJRT_Client_Load(
+    raw: *mut PJRT_Client_Load_Args,
+) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Client_Load";
+    let required = crate::struct_size_through!(PJRT_Client_Load_Args, loaded_executable);
+    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+        let options = compile_options_for_inner(
+            handle,
+            (*raw).compile_options,
+            (*raw).compile_options_size,
+            F,
+        )?;
+        let _options = options.as_ref().map(|o| {
+            (
+                substitute(addr_of_mut!((*raw).compile_options), o.as_ptr() as *const _),
+                substitute(addr_of_mut!((*raw).compile_options_size), o.len()),
+            )
+        });
+        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_Load, raw)
+    };
+    // SAFETY: the caller's args struct; `client_slot` checks it before
+    // `forward` reads any field.
+    unsafe {
+        client_slot(
+            raw,
+            F,
+            required,
+            client_field!(PJRT_Client_Load_Args),
+            unimplemented::PJRT_Client_Load,
+            forward,
+        )
+    }
+}
+
+/// Compiles against a topology; the client, when given, is ours.
+pub(crate) unsafe extern "C" fn PJRT_Compile(raw: *mut PJRT_Compile_Args) -> *mut PJRT_Error {
+    const F: &str = "PJRT_Compile";
+    run_dispatch(F, || {
+        let required = crate::struct_size_through!(PJRT_Compile_Args, executable);
+        // SAFETY: the PJRT contract; `args` rejects null and short structs.
+        let topology = unsafe { args(raw, F, required) }?.topology;
+        // SAFETY: the topology is the compute plugin's (we make none).
+        let Some(plugin) = (unsafe { super::foreign_only(topology.cast(), F, "topology") })? else {
+            // SAFETY: the UNIMPLEMENTED entry, with the caller's args.
+            return Ok(Dispatch::Ours(unsafe { unimplemented::PJRT_Compile(raw) }));
+        };
+        // SAFETY: a field the caller's struct covers.
+        let client = unsafe { (*raw).client };
+        let _client = if client.is_null() {
+            None
+        } else {
+            // SAFETY: a live client per the contract.
+            let (_, compute) = unsafe { delegating(client, F) }?;
+            let compute = compute.ok_or_else(|| {
+                invalid_argument(format!(
+                    "{F}: client is an embedded crosshost client, it cannot load programs"
+                ))
+            })?;
+            // SAFETY: restored when the guard drops.
+            Some(unsafe { substitute(addr_of_mut!((*raw).client), compute.raw()) })
+        };
+        crate::inner_call!(plugin.as_ref(), PJRT_Compile, raw)?;
+        Ok(Dispatch::Forwarded)
+    })
+}
+
+/// Runs a slot whose device field decides: an embedded client's device →
+/// `ours`, a delegating client's → the compute plugin with its device.
+///
+/// # Safety
+/// As `client_slot`, for the device field.
+unsafe fn device_slot<T>(
+    raw: *mut T,
+    name: &'static str,
+    required: usize,
+    device_field: fn(*mut T) -> *mut *mut PJRT_Device,
+    ours: unsafe extern "C" fn(*mut T) -> *mut PJRT_Error,
+    forward: impl FnOnce(&Arc<crate::backend::compute_plugin::ComputePlugin>) -> Result<()>,
+) -> *mut PJRT_Error {
+    run_dispatch(name, || {
+        // SAFETY: the PJRT contract; `args` rejects null and short structs.
+        unsafe { args(raw, name, required) }?;
+        let field = device_field(raw);
+        // SAFETY: a field the caller's struct covers (checked above).
+        let device = unsafe { try_borrow::<DeviceHandle>(field.read(), name, "device") }?;
+        let (Some(inner), Some(plugin)) = (
+            device.compute_device(),
+            crate::backend::compute_plugin::loaded(),
+        ) else {
+            // SAFETY: our entry, with the caller's args.
+            return Ok(Dispatch::Ours(unsafe { ours(raw) }));
+        };
+        // SAFETY: as above; restored when the guard drops.
+        let _device = unsafe { substitute(field, inner) };
+        forward(&plugin)?;
+        Ok(Dispatch::Forwarded)
+    })
+}
+
+macro_rules! device_field {
+    ($args:ident) => {
+        |raw: *mut $args| -> *mut *mut PJRT_Device { field_ptr!(raw, $args.device) }
+    };
+}
+
+macro_rules! device_forward {
+    ($(#[$meta:meta])* $slot:ident, $args:ident through $through:ident, ours $ours:path) => {
+        $(#[$meta])*
+        pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
+            let required = crate::struct_size_through!($args, $through);
+            let forward = |plugin: &Arc<crate::backend::compute_plugin::ComputePlugin>| {
+                crate::inner_call!(plugin.as_ref(), $slot, raw)
+            };
+            // SAFETY: the caller's args struct; `device_slot` checks it.
+            unsafe { device_slot(raw, stringify!($slot), required, device_field!($args), $ours, forward) }
+        }
+    };
+}
+
+device_forward!(
+    /// The compute plugin's memory statistics of its device.
+    PJRT_Device_MemoryStats, PJRT_Device_MemoryStats_Args through bytes_in_use, ours device::device_memory_stats
+);
+device_forward!(
+    /// Poisons executions on the compute plugin's device.
+    PJRT_Device_PoisonExecution, PJRT_Device_PoisonExecution_Args through device, ours unimplemented::PJRT_Device_PoisonExecution
+);
+device_forward!(
+    /// A tracking event of the compute plugin's device.
+    PJRT_Device_CreateAsyncTrackingEvent, PJRT_Device_CreateAsyncTrackingEvent_Args through event, ours unimplemented::PJRT_Device_CreateAsyncTrackingEvent
+);
+device_forward!(
+    /// Clears the compute plugin's memory statistics of its device.
+    PJRT_Device_ClearMemoryStats, PJRT_Device_ClearMemoryStats_Args through device, ours unimplemented::PJRT_Device_ClearMemoryStats
+);
+
+macro_rules! delegated_table {
+    ($( $slot:ident ( $args:ident . $field:ident ) ),* $(,)?) => {
+        /// `(slot, offset of the deciding client/device field)` of every
+        /// delegated slot, for the table's test.
+        pub(crate) const DELEGATED: &[(&str, usize)] = &[
+            $( (stringify!($slot), std::mem::offset_of!($args, $field)) ),*
+        ];
+
+        pub(crate) fn install(api: &mut PJRT_Api) {
+            $( api.$slot = Some($slot); )*
+        }
+    };
+}
+
+delegated_table! {
+    PJRT_Client_Compile(PJRT_Client_Compile_Args.client),
+    PJRT_Client_DefaultDeviceAssignment(PJRT_Client_DefaultDeviceAssignment_Args.client),
+    PJRT_Client_BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args.client),
+    PJRT_Executable_DeserializeAndLoad(PJRT_Executable_DeserializeAndLoad_Args.client),
+    PJRT_Client_CreateViewOfDeviceBuffer(PJRT_Client_CreateViewOfDeviceBuffer_Args.client),
+    PJRT_Client_TopologyDescription(PJRT_Client_TopologyDescription_Args.client),
+    PJRT_Client_CreateBuffersForAsyncHostToDevice(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args.client),
+    PJRT_Client_DmaMap(PJRT_Client_DmaMap_Args.client),
+    PJRT_Client_DmaUnmap(PJRT_Client_DmaUnmap_Args.client),
+    PJRT_Client_CreateUninitializedBuffer(PJRT_Client_CreateUninitializedBuffer_Args.client),
+    PJRT_Client_CreateAliasBuffer(PJRT_Client_CreateAliasBuffer_Args.client),
+    PJRT_Client_FulfillAliasBuffer(PJRT_Client_FulfillAliasBuffer_Args.client),
+    PJRT_Client_CreateErrorBuffer(PJRT_Client_CreateErrorBuffer_Args.client),
+    PJRT_Client_Load(PJRT_Client_Load_Args.client),
+    PJRT_Compile(PJRT_Compile_Args.client),
+    PJRT_Device_MemoryStats(PJRT_Device_MemoryStats_Args.device),
+    PJRT_Device_PoisonExecution(PJRT_Device_PoisonExecution_Args.device),
+    PJRT_Device_CreateAsyncTrackingEvent(PJRT_Device_CreateAsyncTrackingEvent_Args.device),
+    PJRT_Device_ClearMemoryStats(PJRT_Device_ClearMemoryStats_Args.device),
+}

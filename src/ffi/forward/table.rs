@@ -1,0 +1,93 @@
+//! Every `PJRT_Api` slot, and whose it is: ours (answered by this plugin),
+//! routed (the handle argument decides, `routed.rs` and `translated.rs`) or
+//! delegated (our client or device decides, `delegated.rs`). A test checks
+//! that the lists cover every slot of the header exactly once, and
+//! `tests/forwarding_table.rs` calls every routed and delegated slot against
+//! a recording compute plugin.
+use crate::ffi::bindings::*;
+use crate::ffi::{client, device, errors, events, jax_support, memory, plugin};
+
+/// Whose a slot is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Answered by this plugin.
+    Ours,
+    /// The handle at this offset of the args decides (`None`: no handle;
+    /// forwarded whenever a compute plugin is loaded).
+    Routed(Option<usize>),
+    /// Our client or device at this offset decides.
+    Delegated(usize),
+}
+
+macro_rules! ours_table {
+    ($( $slot:ident => $entry:path ),* $(,)?) => {
+        /// Slots only this plugin answers.
+        pub(crate) const OURS: &[&str] = &[$( stringify!($slot) ),*];
+
+        fn install_ours(api: &mut PJRT_Api) {
+            $( api.$slot = Some($entry); )*
+        }
+    };
+}
+
+ours_table! {
+    PJRT_Error_Destroy => errors::error_destroy,
+    PJRT_Error_Message => errors::error_message,
+    PJRT_Error_GetCode => errors::error_get_code,
+    PJRT_Error_ForEachPayload => jax_support::error_for_each_payload,
+    PJRT_Plugin_Initialize => plugin::plugin_initialize,
+    PJRT_Plugin_Attributes => plugin::plugin_attributes,
+    PJRT_Event_Create => events::event_create,
+    PJRT_Client_Create => jax_support::client_create_registering,
+    PJRT_Client_Destroy => client::client_destroy,
+    PJRT_Client_PlatformName => client::client_platform_name,
+    PJRT_Client_ProcessIndex => client::client_process_index,
+    PJRT_Client_PlatformVersion => client::client_platform_version,
+    PJRT_Client_Devices => client::client_devices,
+    PJRT_Client_AddressableDevices => client::client_addressable_devices,
+    PJRT_Client_LookupDevice => client::client_lookup_device,
+    PJRT_Client_LookupAddressableDevice => client::client_lookup_addressable_device,
+    PJRT_Client_AddressableMemories => client::client_addressable_memories,
+    PJRT_Client_UpdateGlobalProcessInfo => jax_support::client_update_global_process_info,
+    PJRT_Device_GetDescription => device::device_get_description,
+    PJRT_Device_IsAddressable => device::device_is_addressable,
+    PJRT_Device_LocalHardwareId => device::device_local_hardware_id,
+    PJRT_Device_AddressableMemories => device::device_addressable_memories,
+    PJRT_Device_DefaultMemory => device::device_default_memory,
+    PJRT_Device_GetAttributes => device::device_get_attributes,
+    PJRT_Memory_Id => memory::memory_id,
+    PJRT_Memory_Kind => memory::memory_kind,
+    PJRT_Memory_Kind_Id => memory::memory_kind_id,
+    PJRT_Memory_DebugString => memory::memory_debug_string,
+    PJRT_Memory_ToString => memory::memory_to_string,
+    PJRT_Memory_AddressableByDevices => memory::memory_addressable_by_devices,
+}
+
+/// Fills every slot: ours, routed, delegated.
+pub(crate) fn install(api: &mut PJRT_Api) {
+    install_ours(api);
+    super::routed::install(api);
+    super::translated::install(api);
+    super::delegated::install(api);
+}
+
+/// Every slot this plugin fills, with its role.
+pub fn roles() -> Vec<(&'static str, Role)> {
+    let mut roles: Vec<(&'static str, Role)> = OURS.iter().map(|&s| (s, Role::Ours)).collect();
+    roles.extend(
+        super::routed::ROUTED
+            .iter()
+            .map(|&(s, o)| (s, Role::Routed(o))),
+    );
+    roles.extend(
+        super::translated::TRANSLATED
+            .iter()
+            .map(|&(s, o)| (s, Role::Routed(Some(o)))),
+    );
+    roles.extend(
+        super::delegated::DELEGATED
+            .iter()
+            .map(|&(s, o)| (s, Role::Delegated(o))),
+    );
+    roles
+}

@@ -1,0 +1,157 @@
+//! Receive destinations in host memory: a lease of the receiver's pool of
+//! pre-faulted shared memory, offered to a sender on this host by name (it
+//! writes the mapping directly) or to a sender elsewhere through the TCP
+//! receive server (single-use token). The GPU counterpart is
+//! `cuda_path::CudaDestination`; `service.rs` treats both as `Destination`.
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
+use super::cuda_path::CudaDestination;
+use super::descriptor::AllocationHandle;
+use crate::backend::shared::SharedHostMemory;
+use crate::backend::{Allocation, MemoryCounters};
+use crate::status::{Outcome, Result};
+use crate::transport::auth_token::AuthToken;
+use crate::transport::shm::SharedRegion;
+use crate::transport::shm_pool::{ShmLease, ShmPool};
+use crate::transport::tcp::TcpReceiveServer;
+
+/// Receive destinations of this process, by shared-memory name, so that a
+/// sender in the same process writes them directly instead of mapping them
+/// a second time.
+static LOCAL_REGIONS: Lazy<Mutex<HashMap<String, Weak<SharedRegion>>>> =
+    Lazy::new(Default::default);
+
+/// This process's own destination region called `name`, if it is one.
+pub fn local_region(name: &str) -> Option<Arc<SharedRegion>> {
+    LOCAL_REGIONS.lock().get(name).and_then(Weak::upgrade)
+}
+
+fn register_local(region: &Arc<SharedRegion>) {
+    let mut local = LOCAL_REGIONS.lock();
+    if local.len() > 64 {
+        local.retain(|_, r| r.strong_count() > 0);
+    }
+    local.insert(region.name().to_string(), Arc::downgrade(region));
+}
+
+/// How the sender will reach a host destination.
+pub enum HostRoute<'a> {
+    /// Same host: the shared-memory object by name.
+    SharedMemory,
+    /// Another host (or `transport=tcp`): the TCP server, with this token.
+    Tcp(&'a TcpReceiveServer, AuthToken),
+}
+
+pub struct HostDestination {
+    memory: Arc<SharedHostMemory>,
+    lease: Arc<ShmLease>,
+    nonce: u64,
+    /// The TCP token registered for this destination, if offered over TCP.
+    tcp_token: Option<AuthToken>,
+    allocation: AllocationHandle,
+    offset: u64,
+}
+
+impl HostDestination {
+    /// Leases `byte_size` bytes and arms the destination's claim for `nonce`
+    /// before any descriptor exists, so only the descriptor's holder can
+    /// take it.
+    pub fn open(
+        pool: &ShmPool,
+        byte_size: usize,
+        counters: Arc<MemoryCounters>,
+        nonce: u64,
+        route: HostRoute<'_>,
+    ) -> Result<HostDestination> {
+        let memory = Arc::new(SharedHostMemory::new(pool.allocate(byte_size)?, counters));
+        let lease = memory.lease().clone();
+        lease.claim_slot().arm(nonce);
+        let (allocation, offset, tcp_token) = match route {
+            HostRoute::Tcp(server, token) => {
+                server.register(token, lease.clone())?;
+                let endpoint = server.local_addr();
+                (AllocationHandle::Tcp { endpoint }, 0, Some(token))
+            }
+            HostRoute::SharedMemory => {
+                let region = lease.region();
+                register_local(region);
+                let name = region.name().to_string();
+                (
+                    AllocationHandle::SharedMemory { name },
+                    lease.offset(),
+                    None,
+                )
+            }
+        };
+        Ok(HostDestination {
+            memory,
+            lease,
+            nonce,
+            tcp_token,
+            allocation,
+            offset,
+        })
+    }
+
+    /// Ends the destination once the receive has its one outcome: an
+    /// unclaimed destination is closed so no sender can take it any more; a
+    /// claimed one that failed is quarantined (the sender's write may still
+    /// land, so the range is never handed out again); a dedicated region
+    /// loses its name (the buffer keeps the mapping).
+    pub fn retire(&self, outcome: &Outcome, tcp_server: Option<&TcpReceiveServer>) {
+        let mut claimed = !self.lease.claim_slot().close_unclaimed(self.nonce);
+        if let (Some(token), Some(server)) = (&self.tcp_token, tcp_server) {
+            if server.unregister(token).is_none() {
+                claimed = true;
+            }
+        }
+        if outcome.is_ok() {
+            self.lease.claim_slot().close();
+        } else if claimed {
+            self.lease.quarantine_on_drop();
+        }
+        if let Err(e) = self.lease.unlink_if_dedicated() {
+            log::warn!(
+                "unlinking receive destination {}: {e}",
+                self.lease.segment_name()
+            );
+        }
+    }
+}
+
+/// A receive destination of either kind.
+pub enum Destination {
+    Host(HostDestination),
+    Cuda(CudaDestination),
+}
+
+impl Destination {
+    /// The buffer's memory.
+    pub fn memory(&self) -> Allocation {
+        match self {
+            Destination::Host(host) => host.memory.clone(),
+            Destination::Cuda(cuda) => cuda.memory(),
+        }
+    }
+
+    /// What the descriptor names: the allocation and the offset in it.
+    pub fn location(&self) -> (AllocationHandle, u64) {
+        match self {
+            Destination::Host(host) => (host.allocation.clone(), host.offset),
+            Destination::Cuda(cuda) => (cuda.allocation_handle(), 0),
+        }
+    }
+
+    /// Ends the destination with the receive's outcome (see
+    /// `HostDestination::retire`).
+    pub fn retire(&self, outcome: &Outcome, tcp_server: Option<&TcpReceiveServer>) {
+        match self {
+            Destination::Host(host) => host.retire(outcome, tcp_server),
+            Destination::Cuda(cuda) => cuda.retire(),
+        }
+    }
+}
