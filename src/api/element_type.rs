@@ -58,6 +58,12 @@ impl ElementType {
         }
     }
 
+    /// Narrower than a byte on a device (stored unpacked on the host):
+    /// S1/U1/S2/U2/S4/U4, F4E2M1FN and the 6-bit floats.
+    pub fn is_sub_byte(self) -> bool {
+        matches!(self.0, 21 | 22 | 24 | 25 | 29 | 30 | 31 | 32 | 33)
+    }
+
     pub fn raw(self) -> u32 {
         self.0
     }

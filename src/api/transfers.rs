@@ -7,7 +7,7 @@ use super::client::Client;
 use super::device::Device;
 use super::element_type::{ElementType, Shape};
 use crate::backend::compute_plugin::{
-    buffer_dims, buffer_element_type, AliasBuffer, ComputeClient, InnerBuffer, InnerPtr,
+    buffer_dims, buffer_element_type, ComputeClient, ComputeReceive, InnerBuffer, InnerPtr,
     RetainedSource,
 };
 use crate::backend::{Allocation, DevicePlacement};
@@ -137,8 +137,13 @@ impl Client {
         let mut requests = Vec::with_capacity(shapes.len());
         let mut handles = Vec::with_capacity(shapes.len());
         for shape in shapes {
-            let mut alias =
-                AliasBuffer::create(compute, memory, shape.element_type.raw(), &shape.dims)?;
+            let mut alias = ComputeReceive::create(
+                compute,
+                memory,
+                shape.element_type.raw(),
+                &shape.dims,
+                shape.element_type.is_sub_byte(),
+            )?;
             handles.push(alias.take_handle());
             let byte_size = shape.byte_size();
             let record: RecordReceived = Box::new(move |outcome: &Outcome, bytes: &Allocation| {

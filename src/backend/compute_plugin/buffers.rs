@@ -276,7 +276,7 @@ pub struct AliasBuffer {
 unsafe impl Send for AliasBuffer {}
 
 impl AliasBuffer {
-    /// `PJRT_Client_CreateAliasBuffer` on `memory`.
+    /// `PJRT_Client_CreateAliasBuffer` on `memory`, dense row-major.
     pub fn create(
         client: &Arc<ComputeClient>,
         memory: &ComputeMemory,
@@ -284,6 +284,21 @@ impl AliasBuffer {
         dims: &[i64],
     ) -> Result<AliasBuffer> {
         let mut layout = DenseLayout::new(dims.len());
+        // SAFETY: the layout lives until the call returns.
+        unsafe { Self::create_with_layout(client, memory, element_type, dims, layout.as_mut_ptr()) }
+    }
+
+    /// `PJRT_Client_CreateAliasBuffer` with an explicit layout.
+    ///
+    /// # Safety
+    /// `layout` must be a valid layout for the duration of the call.
+    unsafe fn create_with_layout(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        element_type: PJRT_Buffer_Type,
+        dims: &[i64],
+        layout: *mut PJRT_Buffer_MemoryLayout,
+    ) -> Result<AliasBuffer> {
         let mut args = PJRT_Client_CreateAliasBuffer_Args {
             struct_size: PJRT_Client_CreateAliasBuffer_Args_STRUCT_SIZE as usize,
             extension_start: std::ptr::null_mut(),
@@ -292,7 +307,7 @@ impl AliasBuffer {
             shape_dims: dims.as_ptr(),
             shape_num_dims: dims.len(),
             shape_element_type: element_type,
-            shape_layout: layout.as_mut_ptr(),
+            shape_layout: layout,
             alias_buffer: std::ptr::null_mut(),
             fulfill_alias_buffer_cb: std::ptr::null_mut(),
         };
@@ -472,19 +487,265 @@ impl Drop for AliasBuffer {
     }
 }
 
-// --------------------------------- sending -----------------------------------
+// --------------------------- staged receive buffers ---------------------------
 
-/// A send source: our own reference to the caller's buffer (an alias it
-/// fulfilled), so the bytes outlive the caller's handle until the send is
-/// done; the caller may destroy its buffer as soon as the send call returns.
-pub struct RetainedSource {
-    buffer: InnerBuffer,
-    len: usize,
+/// A receive buffer the compute plugin fills from host bytes (its
+/// asynchronous host-to-device transfer manager): for element types its
+/// alias buffers cannot serve (XLA's CPU plugin packs sub-byte types in a
+/// layout the C API's layout struct cannot express). One copy, made by the
+/// plugin itself from our unpacked bytes.
+pub struct StagedReceive {
+    client: Arc<ComputeClient>,
+    manager: InnerPtr,
+    buffer: Option<InnerBuffer>,
+    element_type: PJRT_Buffer_Type,
+    dims: Vec<i64>,
+    done: bool,
 }
 
-// SAFETY: the inner buffer handle is thread-safe per the PJRT C API.
+// SAFETY: the inner handles are thread-safe per the PJRT C API; the manager
+// is used once, by whichever thread publishes.
+unsafe impl Send for StagedReceive {}
+
+impl StagedReceive {
+    pub fn create(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        element_type: PJRT_Buffer_Type,
+        dims: &[i64],
+    ) -> Result<StagedReceive> {
+        let plugin = client.plugin();
+        let mut spec = PJRT_ShapeSpec {
+            struct_size: PJRT_ShapeSpec_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            dims: dims.as_ptr(),
+            num_dims: dims.len(),
+            element_type,
+        };
+        let mut args = PJRT_Client_CreateBuffersForAsyncHostToDevice_Args {
+            struct_size: PJRT_Client_CreateBuffersForAsyncHostToDevice_Args_STRUCT_SIZE as usize,
+            client: client.raw(),
+            shape_specs: &mut spec,
+            num_shape_specs: 1,
+            memory: memory.memory.as_mut(),
+            ..Default::default()
+        };
+        crate::inner_call!(
+            plugin.as_ref(),
+            PJRT_Client_CreateBuffersForAsyncHostToDevice,
+            &mut args
+        )?;
+        let mut staged = StagedReceive {
+            client: client.clone(),
+            manager: InnerPtr::from(args.transfer_manager),
+            buffer: None,
+            element_type,
+            dims: dims.to_vec(),
+            done: false,
+        };
+        let mut retrieve = PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args {
+            struct_size: PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args_STRUCT_SIZE
+                as usize,
+            transfer_manager: args.transfer_manager,
+            buffer_index: 0,
+            ..Default::default()
+        };
+        crate::inner_call!(
+            plugin.as_ref(),
+            PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer,
+            &mut retrieve
+        )?;
+        staged.buffer = Some(InnerBuffer::own(client.clone(), retrieve.buffer_out));
+        Ok(staged)
+    }
+
+    /// The buffer itself, for the caller.
+    pub fn take_handle(&mut self) -> Option<InnerBuffer> {
+        self.buffer.take()
+    }
+
+    /// Fills the buffer from the received (row-major, unpacked) bytes,
+    /// kept alive by `keep` until the plugin copied them.
+    pub fn fill(mut self, address: usize, keep: KeepAlive) -> Outcome {
+        self.done = true;
+        let plugin = self.client.plugin().clone();
+        let mut layout = DenseLayout::new(self.dims.len());
+        let mut args = PJRT_AsyncHostToDeviceTransferManager_TransferLiteral_Args {
+            struct_size: PJRT_AsyncHostToDeviceTransferManager_TransferLiteral_Args_STRUCT_SIZE
+                as usize,
+            extension_start: std::ptr::null_mut(),
+            transfer_manager: self.manager.as_mut(),
+            buffer_index: 0,
+            data: address as *const c_void,
+            shape_dims: self.dims.as_ptr(),
+            shape_num_dims: self.dims.len(),
+            shape_element_type: self.element_type,
+            shape_layout: layout.as_mut_ptr(),
+            done_with_h2d_transfer: std::ptr::null_mut(),
+        };
+        if let Err(e) = crate::inner_call!(
+            plugin.as_ref(),
+            PJRT_AsyncHostToDeviceTransferManager_TransferLiteral,
+            &mut args
+        ) {
+            self.set_error(&e);
+            return Err(e);
+        }
+        // The bytes and the manager stay until the plugin is done with them.
+        let manager = StagedManager {
+            client: self.client.clone(),
+            manager: self.manager,
+        };
+        event_future(&plugin, args.done_with_h2d_transfer).on_ready(move |_| {
+            drop(keep);
+            drop(manager);
+        });
+        self.manager = InnerPtr(0);
+        Ok(())
+    }
+
+    /// The receive failed: the buffer carries `status`.
+    pub fn fail(mut self, status: &Status) -> Outcome {
+        self.done = true;
+        self.set_error(status);
+        Ok(())
+    }
+
+    fn set_error(&self, status: &Status) {
+        let message = status.message.clone();
+        let mut args = PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args {
+            struct_size: PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args_STRUCT_SIZE
+                as usize,
+            extension_start: std::ptr::null_mut(),
+            transfer_manager: self.manager.as_mut(),
+            buffer_index: 0,
+            error_code: status.code as PJRT_Error_Code,
+            error_message: message.as_ptr() as *const _,
+            error_message_size: message.len(),
+        };
+        if let Err(e) = crate::inner_call!(
+            self.client.plugin().as_ref(),
+            PJRT_AsyncHostToDeviceTransferManager_SetBufferError,
+            &mut args
+        ) {
+            log::error!("failing a receive buffer: {e}");
+        }
+    }
+}
+
+/// Destroys a transfer manager when dropped.
+struct StagedManager {
+    client: Arc<ComputeClient>,
+    manager: InnerPtr,
+}
+
+// SAFETY: a thread-safe inner handle, destroyed once.
+unsafe impl Send for StagedManager {}
+
+impl Drop for StagedManager {
+    fn drop(&mut self) {
+        let mut args = PJRT_AsyncHostToDeviceTransferManager_Destroy_Args {
+            struct_size: PJRT_AsyncHostToDeviceTransferManager_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            transfer_manager: self.manager.as_mut(),
+        };
+        if let Err(e) = crate::inner_call!(
+            self.client.plugin().as_ref(),
+            PJRT_AsyncHostToDeviceTransferManager_Destroy,
+            &mut args
+        ) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+impl Drop for StagedReceive {
+    /// Never left pending (see `AliasBuffer`'s drop); the manager goes too.
+    fn drop(&mut self) {
+        if !self.done {
+            self.set_error(&crate::status::cancelled(
+                "the receive was abandoned before it started",
+            ));
+        }
+        if !self.manager.is_null() {
+            drop(StagedManager {
+                client: self.client.clone(),
+                manager: self.manager,
+            });
+        }
+    }
+}
+
+/// A delegating client's receive buffer, until its outcome is recorded.
+pub enum ComputeReceive {
+    Alias(AliasBuffer),
+    Staged(StagedReceive),
+}
+
+impl ComputeReceive {
+    /// The compute plugin's buffer for the caller: an alias buffer, or a
+    /// staged one for sub-byte element types.
+    pub fn create(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        element_type: PJRT_Buffer_Type,
+        dims: &[i64],
+        sub_byte: bool,
+    ) -> Result<ComputeReceive> {
+        if sub_byte {
+            return StagedReceive::create(client, memory, element_type, dims)
+                .map(ComputeReceive::Staged);
+        }
+        AliasBuffer::create(client, memory, element_type, dims).map(ComputeReceive::Alias)
+    }
+
+    pub fn take_handle(&mut self) -> Option<InnerBuffer> {
+        match self {
+            ComputeReceive::Alias(alias) => alias.take_handle(),
+            ComputeReceive::Staged(staged) => staged.take_handle(),
+        }
+    }
+
+    /// Records the received bytes (`len` at `address`, kept alive by `keep`).
+    pub fn fulfill_with_host_bytes(self, address: usize, len: usize, keep: KeepAlive) -> Outcome {
+        match self {
+            ComputeReceive::Alias(alias) => alias.fulfill_with_host_bytes(address, len, keep),
+            ComputeReceive::Staged(staged) => staged.fill(address, keep),
+        }
+    }
+
+    /// Records a failed receive.
+    pub fn fail(self, status: &Status) -> Outcome {
+        match self {
+            ComputeReceive::Alias(alias) => alias.fail(status),
+            ComputeReceive::Staged(staged) => staged.fail(status),
+        }
+    }
+}
+
+// --------------------------------- sending -----------------------------------
+
+/// A send source: our own hold on the caller's buffer, so the bytes outlive
+/// the caller's handle (it may destroy it as soon as the send call returns).
+/// Zero-copy where the compute plugin lets an alias share the buffer; a
+/// layout it cannot express in an alias (sub-byte types are packed) is read
+/// back at once into host staging instead.
+pub enum RetainedSource {
+    /// An alias the caller's buffer fulfilled; read straight into the
+    /// destination when the send runs.
+    Alias { buffer: InnerBuffer, len: usize },
+    /// Host staging the compute plugin is filling; `ready` says when.
+    Staged {
+        staging: Arc<crate::backend::host::HostMemory>,
+        ready: Future,
+    },
+}
+
+// SAFETY: the inner buffer handle is thread-safe per the PJRT C API; the
+// staging memory is only read after `ready`, once the plugin wrote it.
 unsafe impl Send for RetainedSource {}
-// SAFETY: reads only, through the inner plugin's thread-safe functions.
+// SAFETY: reads only, through the inner plugin's thread-safe functions or
+// from completed staging.
 unsafe impl Sync for RetainedSource {}
 
 impl RetainedSource {
@@ -499,39 +760,98 @@ impl RetainedSource {
         if source.is_null() {
             return Err(invalid_argument("send source buffer is null"));
         }
+        match Self::alias_of(client, memory, source) {
+            Ok(buffer) => Ok(RetainedSource::Alias { buffer, len }),
+            Err(e) => {
+                log::debug!("send source cannot be aliased ({e}); staging it through host memory");
+                Self::staged(client, source, len)
+            }
+        }
+    }
+
+    fn alias_of(
+        client: &Arc<ComputeClient>,
+        memory: &ComputeMemory,
+        source: *mut PJRT_Buffer,
+    ) -> Result<InnerBuffer> {
         let plugin = client.plugin();
         let dims = buffer_dims(plugin, source)?;
         let element_type = buffer_element_type(plugin, source)?;
-        let mut alias = AliasBuffer::create(client, memory, element_type, &dims)?;
+        let mut layout = PJRT_Buffer_GetMemoryLayout_Args {
+            struct_size: PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE as usize,
+            buffer: source,
+            ..Default::default()
+        };
+        crate::inner_call!(plugin.as_ref(), PJRT_Buffer_GetMemoryLayout, &mut layout)?;
+        // SAFETY: the layout (and what it points to) lives as long as the
+        // source buffer, which outlives this call.
+        let mut alias = unsafe {
+            AliasBuffer::create_with_layout(client, memory, element_type, &dims, &mut layout.layout)
+        }?;
         alias.fulfill(source, Ok(()))?;
-        let buffer = alias
+        alias
             .alias
             .take()
-            .ok_or_else(|| internal("alias buffer lost its handle"))?;
-        Ok(RetainedSource { buffer, len })
+            .ok_or_else(|| internal("alias buffer lost its handle"))
     }
 
-    /// The source's definition event.
+    fn staged(
+        client: &Arc<ComputeClient>,
+        source: *mut PJRT_Buffer,
+        len: usize,
+    ) -> Result<RetainedSource> {
+        let plugin = client.plugin();
+        let rank = buffer_dims(plugin, source)?.len();
+        let staging = Arc::new(crate::backend::host::HostMemory::allocate(
+            len,
+            Arc::default(),
+        )?);
+        let mut layout = DenseLayout::new(rank);
+        let mut args = PJRT_Buffer_ToHostBuffer_Args {
+            struct_size: PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            src: source,
+            host_layout: layout.as_mut_ptr(),
+            dst: staging.address() as *mut c_void,
+            dst_size: len,
+            event: std::ptr::null_mut(),
+        };
+        crate::inner_call!(plugin.as_ref(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        let ready = event_future(plugin, args.event);
+        Ok(RetainedSource::Staged { staging, ready })
+    }
+
+    /// When the source's bytes can be read.
     pub fn ready(&self) -> Future {
-        self.buffer.ready()
+        match self {
+            RetainedSource::Alias { buffer, .. } => buffer.ready(),
+            RetainedSource::Staged { ready, .. } => ready.clone(),
+        }
     }
 }
 
 impl DeviceMemory for RetainedSource {
     fn len(&self) -> usize {
-        self.len
+        match self {
+            RetainedSource::Alias { len, .. } => *len,
+            RetainedSource::Staged { staging, .. } => staging.len(),
+        }
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        if offset == 0 && dst.len() == self.len {
-            return self.buffer.read_into(dst);
-        }
+        let buffer = match self {
+            RetainedSource::Staged { staging, .. } => return staging.read(offset, dst),
+            RetainedSource::Alias { buffer, len } if offset == 0 && dst.len() == *len => {
+                return buffer.read_into(dst)
+            }
+            RetainedSource::Alias { buffer, .. } => buffer,
+        };
         let end = offset
             .checked_add(dst.len())
-            .filter(|end| *end <= self.len)
+            .filter(|end| *end <= self.len())
             .ok_or_else(|| crate::status::out_of_range("read past the end of a send source"))?;
-        let mut staging = vec![0u8; self.len];
-        self.buffer.read_into(&mut staging)?;
+        let mut staging = vec![0u8; self.len()];
+        buffer.read_into(&mut staging)?;
         dst.copy_from_slice(&staging[offset..end]);
         Ok(())
     }

@@ -30,8 +30,8 @@ use crate::ffi::bindings::*;
 use crate::status::{failed_precondition, invalid_argument, Result, Status};
 
 pub use buffers::{
-    buffer_dims, buffer_element_type, event_future, wait_event, AliasBuffer, InnerBuffer,
-    RetainedSource,
+    buffer_dims, buffer_element_type, event_future, wait_event, AliasBuffer, ComputeReceive,
+    InnerBuffer, RetainedSource, StagedReceive,
 };
 pub use client::{ComputeClient, ComputeDevice, ComputeMemory, InnerOptions};
 pub use errors::take_inner_error;
