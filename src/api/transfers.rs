@@ -7,8 +7,8 @@ use super::client::Client;
 use super::device::Device;
 use super::element_type::{ElementType, Shape};
 use crate::backend::compute_plugin::{
-    buffer_dims, buffer_element_type, ComputeClient, ComputeReceive, InnerBuffer, InnerPtr,
-    RetainedSource,
+    buffer_dims, buffer_element_type, ComputeClient, ComputeReceive, HeldSource, InnerBuffer,
+    InnerPtr,
 };
 use crate::backend::{Allocation, DevicePlacement};
 use crate::status::{internal, invalid_argument, Outcome, Result, Status};
@@ -194,7 +194,7 @@ impl Client {
     }
 
     /// The transfer's view of a buffer to send: its bytes, readiness, shape
-    /// and device. A compute plugin's buffer is retained (an alias of it),
+    /// and device. A compute plugin's buffer is held until its send is done,
     /// so the caller may destroy its handle as soon as the send call returns.
     fn send_source(&self, buffer: SourceBuffer, function: &str) -> Result<SendSource> {
         match buffer {
@@ -340,19 +340,12 @@ fn compute_source(
             "{function}: the buffer is on a device this client does not address"
         ))
     })?;
-    let inner_memory = compute.buffer_memory(buffer)?;
-    let memory = device
-        .memories
-        .iter()
-        .filter_map(|m| m.compute.as_ref())
-        .find(|m| m.memory == inner_memory)
-        .ok_or_else(|| internal(format!("{function}: the buffer's memory is unknown")))?;
     let element_type = ElementType::from_raw(buffer_element_type(plugin, buffer)?, function)?;
     let shape = Shape::new(element_type, buffer_dims(plugin, buffer)?, function)?;
-    let retained = RetainedSource::retain(compute, memory, buffer, shape.byte_size())?;
-    let ready = retained.ready();
+    let held = HeldSource::new(compute, buffer, shape.byte_size());
+    let ready = held.ready();
     Ok(SendSource {
-        memory: Arc::new(retained),
+        memory: Arc::new(held),
         ready,
         spec: spec_of(&shape),
         global_device_id: device.global_id,

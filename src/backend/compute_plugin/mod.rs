@@ -18,6 +18,7 @@
 mod buffers;
 mod client;
 mod errors;
+mod holds;
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -31,10 +32,11 @@ use crate::status::{failed_precondition, invalid_argument, Result, Status};
 
 pub use buffers::{
     buffer_dims, buffer_element_type, event_future, wait_event, AliasBuffer, ComputeReceive,
-    InnerBuffer, RetainedSource, StagedReceive,
+    InnerBuffer, StagedReceive,
 };
 pub use client::{ComputeClient, ComputeDevice, ComputeMemory, InnerOptions};
 pub use errors::take_inner_error;
+pub use holds::{defer_delete, defer_destroy, delete_deferred, HeldSource};
 
 /// Environment variable naming the compute plugin when neither the create
 /// option nor `configure` does.

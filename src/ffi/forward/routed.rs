@@ -20,6 +20,9 @@ macro_rules! routed_entry {
                 let required = crate::struct_size_through!($args, $field);
                 // SAFETY: the PJRT contract; `args` rejects null and short structs.
                 let handle = unsafe { args(raw, NAME, required) }?.$field;
+                if handle.is_null() && NAME.ends_with("_Destroy") {
+                    return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
+                }
                 // SAFETY: the caller passes a live handle (ours or the compute plugin's).
                 let whose = unsafe {
                     route::<$H>(
@@ -47,6 +50,9 @@ macro_rules! routed_entry {
                 let required = crate::struct_size_through!($args, $field);
                 // SAFETY: the PJRT contract; `args` rejects null and short structs.
                 let handle = unsafe { args(raw, NAME, required) }?.$field;
+                if handle.is_null() && NAME.ends_with("_Destroy") {
+                    return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
+                }
                 // SAFETY: the caller passes a live handle of the compute plugin.
                 match unsafe { foreign_only(handle as *const _, NAME, stringify!($field)) }? {
                     // SAFETY: the UNIMPLEMENTED entry, with the caller's args.
@@ -153,15 +159,12 @@ routed_entries! {
     PJRT_LoadedExecutable_AddressableDeviceLogicalIds(PJRT_LoadedExecutable_AddressableDeviceLogicalIds_Args.executable) => foreign;
 
     // Buffers: ours (embedded clients) or the compute plugin's.
-    PJRT_Buffer_Destroy(PJRT_Buffer_Destroy_Args.buffer) => ours(BufferHandle, buffer::buffer_destroy);
     PJRT_Buffer_ElementType(PJRT_Buffer_ElementType_Args.buffer) => ours(BufferHandle, buffer::buffer_element_type);
     PJRT_Buffer_Dimensions(PJRT_Buffer_Dimensions_Args.buffer) => ours(BufferHandle, buffer::buffer_dimensions);
     PJRT_Buffer_UnpaddedDimensions(PJRT_Buffer_UnpaddedDimensions_Args.buffer) => ours(BufferHandle, buffer::buffer_unpadded_dimensions);
     PJRT_Buffer_DynamicDimensionIndices(PJRT_Buffer_DynamicDimensionIndices_Args.buffer) => ours(BufferHandle, buffer::buffer_dynamic_dimension_indices);
     PJRT_Buffer_GetMemoryLayout(PJRT_Buffer_GetMemoryLayout_Args.buffer) => ours(BufferHandle, buffer::buffer_get_memory_layout);
     PJRT_Buffer_OnDeviceSizeInBytes(PJRT_Buffer_OnDeviceSizeInBytes_Args.buffer) => ours(BufferHandle, buffer::buffer_on_device_size_in_bytes);
-    PJRT_Buffer_Delete(PJRT_Buffer_Delete_Args.buffer) => ours(BufferHandle, buffer::buffer_delete);
-    PJRT_Buffer_IsDeleted(PJRT_Buffer_IsDeleted_Args.buffer) => ours(BufferHandle, buffer::buffer_is_deleted);
     PJRT_Buffer_ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args.src) => ours(BufferHandle, buffer::buffer_to_host_buffer);
     PJRT_Buffer_IsOnCpu(PJRT_Buffer_IsOnCpu_Args.buffer) => ours(BufferHandle, buffer::buffer_is_on_cpu);
     PJRT_Buffer_ReadyEvent(PJRT_Buffer_ReadyEvent_Args.buffer) => ours(BufferHandle, buffer::buffer_ready_event);

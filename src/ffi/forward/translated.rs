@@ -17,7 +17,7 @@ use super::{
     run_dispatch, substitute, Dispatch,
 };
 use crate::api::device_ids::{map_compile_options, map_device_assignment, DeviceIdMap};
-use crate::backend::compute_plugin::{take_inner_error, ComputePlugin, InnerPtr};
+use crate::backend::compute_plugin::{self, take_inner_error, ComputePlugin, InnerPtr};
 use crate::ffi::bindings::*;
 use crate::ffi::errors::error_into_raw;
 use crate::ffi::handles::{route, BufferHandle, Castable, EventHandle, Route};
@@ -36,6 +36,9 @@ macro_rules! routed_with {
                 let required = crate::struct_size_through!($args, $field);
                 // SAFETY: the PJRT contract; `args` rejects null and short structs.
                 let handle = unsafe { args($raw, NAME, required) }?.$field;
+                if handle.is_null() && NAME.ends_with("_Destroy") {
+                    return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
+                }
                 // SAFETY: a live handle (ours or the compute plugin's).
                 let whose = unsafe {
                     route::<$H>(
@@ -67,6 +70,9 @@ macro_rules! foreign_with {
                 let required = crate::struct_size_through!($args, $field);
                 // SAFETY: the PJRT contract; `args` rejects null and short structs.
                 let handle = unsafe { args($raw, NAME, required) }?.$field;
+                if handle.is_null() && NAME.ends_with("_Destroy") {
+                    return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
+                }
                 // SAFETY: a live handle of the compute plugin.
                 let Some($plugin) =
                     (unsafe { foreign_only(handle as *const _, NAME, stringify!($field)) })?
@@ -166,6 +172,35 @@ routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: Buf
         substitute(addr_of_mut!((*raw).dst_memory), inner)
     };
     crate::inner_call!(plugin.as_ref(), PJRT_Buffer_CopyToMemory, raw)
+});
+
+// A buffer being sent is held: its destroy or delete waits for the send
+// (`compute_plugin/holds.rs`).
+routed_with!(PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args.buffer: BufferHandle => buffer::buffer_destroy, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    if compute_plugin::defer_destroy(unsafe { (*raw).buffer }) {
+        return Ok(());
+    }
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_Destroy, raw)
+});
+
+routed_with!(PJRT_Buffer_Delete, PJRT_Buffer_Delete_Args.buffer: BufferHandle => buffer::buffer_delete, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    if compute_plugin::defer_delete(unsafe { (*raw).buffer }) {
+        return Ok(());
+    }
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_Delete, raw)
+});
+
+routed_with!(PJRT_Buffer_IsDeleted, PJRT_Buffer_IsDeleted_Args.buffer: BufferHandle => buffer::buffer_is_deleted, |raw, plugin| {
+    // SAFETY: fields the caller's struct covers.
+    unsafe {
+        if compute_plugin::delete_deferred((*raw).buffer) {
+            (*raw).is_deleted = true;
+            return Ok(());
+        }
+    }
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_IsDeleted, raw)
 });
 
 // -------------------------------- executables --------------------------------
@@ -387,6 +422,9 @@ macro_rules! translated_table {
 
 translated_table! {
     PJRT_Event_OnReady(PJRT_Event_OnReady_Args.event),
+    PJRT_Buffer_Destroy(PJRT_Buffer_Destroy_Args.buffer),
+    PJRT_Buffer_Delete(PJRT_Buffer_Delete_Args.buffer),
+    PJRT_Buffer_IsDeleted(PJRT_Buffer_IsDeleted_Args.buffer),
     PJRT_Buffer_Device(PJRT_Buffer_Device_Args.buffer),
     PJRT_Buffer_Memory(PJRT_Buffer_Memory_Args.buffer),
     PJRT_Buffer_CopyToDevice(PJRT_Buffer_CopyToDevice_Args.buffer),
