@@ -75,10 +75,17 @@ fn main() {
         gen.push_str(&format!("    $m!({n}, {n}_Args);\n"));
     }
     gen.push_str("}}\n");
+    gen.push_str("#[allow(unused_imports)]\npub(crate) use for_each_pjrt_api_slot;\n");
     gen.push_str("#[allow(dead_code)]\n");
     gen.push_str(&format!(
         "pub const PJRT_API_SLOT_COUNT: usize = {};\n",
         names.len()
     ));
+    gen.push_str("/// Every `PJRT_Api` slot of the header, in table order.\n");
+    gen.push_str("#[allow(dead_code)]\npub const PJRT_API_SLOTS: &[&str] = &[\n");
+    for n in &names {
+        gen.push_str(&format!("    \"{n}\",\n"));
+    }
+    gen.push_str("];\n");
     fs::write(out.join("pjrt_api_slots.rs"), gen).unwrap();
 }

@@ -20,7 +20,7 @@ mod metrics_export;
 mod plugin;
 mod strings;
 mod transfers;
-mod unimplemented;
+pub(crate) mod unimplemented;
 
 use once_cell::sync::Lazy;
 

@@ -91,3 +91,61 @@ pub fn roles() -> Vec<(&'static str, Role)> {
     );
     roles
 }
+
+/// Every `PJRT_Api` slot of the header, in table order.
+pub fn header_slots() -> &'static [&'static str] {
+    crate::ffi::unimplemented::PJRT_API_SLOTS
+}
+
+/// `size_of` the args struct of `slot` (for tests that call every slot);
+/// `None` for the two error functions, which take no args struct.
+pub fn args_struct_size(slot: &str) -> Option<usize> {
+    macro_rules! size_of_args {
+        ($name:ident, $args:ident) => {
+            if slot == stringify!($name) {
+                return Some(std::mem::size_of::<$args>());
+            }
+        };
+    }
+    crate::ffi::unimplemented::for_each_pjrt_api_slot!(size_of_args);
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_of_the_header_is_ours_routed_or_delegated_exactly_once() {
+        let roles = roles();
+        for slot in header_slots() {
+            let found: Vec<_> = roles.iter().filter(|(name, _)| name == slot).collect();
+            assert_eq!(found.len(), 1, "{slot}: {found:?}");
+        }
+        for (name, _) in &roles {
+            assert!(
+                header_slots().contains(name),
+                "{name} is not a slot of the header"
+            );
+        }
+        assert_eq!(roles.len(), header_slots().len());
+    }
+
+    #[test]
+    fn no_slot_is_left_on_its_generated_unimplemented_entry() {
+        let mut api = PJRT_Api::default();
+        crate::ffi::unimplemented::fill(&mut api);
+        install(&mut api);
+        macro_rules! not_generic {
+            ($name:ident, $args:ident) => {
+                assert!(
+                    api.$name.map(|f| f as usize)
+                        != Some(crate::ffi::unimplemented::$name as usize),
+                    "{} is still the generic UNIMPLEMENTED entry",
+                    stringify!($name)
+                );
+            };
+        }
+        crate::ffi::unimplemented::for_each_pjrt_api_slot!(not_generic);
+    }
+}
