@@ -22,6 +22,12 @@ Environment (all optional, read when JAX initializes its backends):
     cross-process ``device_put`` uses the default backend's transfers.
 ``PJRT_CROSSHOST_JAX_LIBRARY``
     Use this library instead of the packaged one (development builds).
+``PJRT_CROSSHOST_COMPUTE_PLUGIN``
+    The PJRT plugin that compiles and runs programs on crosshost devices
+    (crosshost moves the buffers between processes and hosts). Default: the
+    XLA CPU plugin of ``fastatomstruct-xla-cpu`` when it is installed
+    (``pip install pjrt-crosshost[cpu]``); set it to the empty string for no
+    compute plugin (crosshost devices then only hold and move arrays).
 
 Programs can also call ``initialize(options=..., priority=..., library=...)``
 themselves before touching JAX's backends; later calls are no-ops.
@@ -42,12 +48,14 @@ LIBRARY_NAME = "libpjrt_crosshost.so"
 OPTIONS_ENV = "PJRT_CROSSHOST_CREATE_OPTIONS"
 PRIORITY_ENV = "PJRT_CROSSHOST_JAX_PRIORITY"
 LIBRARY_ENV = "PJRT_CROSSHOST_JAX_LIBRARY"
+COMPUTE_ENV = "PJRT_CROSSHOST_COMPUTE_PLUGIN"
 DEFAULT_PRIORITY = -100
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _registered_library: str | None = None
+_compute_plugin: str | None = None
 
 
 def packaged_library() -> Path:
@@ -59,6 +67,42 @@ def library_path() -> Path:
     """The library ``initialize()`` registers (env override, else packaged)."""
     override = os.environ.get(LIBRARY_ENV)
     return Path(override) if override else packaged_library()
+
+
+def default_compute_plugin() -> str | None:
+    """The compute plugin used when none is configured: the XLA CPU plugin of
+    ``fastatomstruct-xla-cpu`` (the ``[cpu]`` extra), if installed. It has no
+    dependencies, so installing it never changes the user's JAX."""
+    try:
+        import fastatomstruct_xla_cpu
+    except ImportError:
+        return None
+    try:
+        return fastatomstruct_xla_cpu.library_path()
+    except FileNotFoundError:
+        return None
+
+
+def compute_plugin_path() -> str | None:
+    """The compute plugin ``initialize()`` configures: ``PJRT_CROSSHOST_COMPUTE_PLUGIN``
+    if set (empty: none), else the default CPU plugin if installed."""
+    if COMPUTE_ENV in os.environ:
+        return os.environ[COMPUTE_ENV] or None
+    return default_compute_plugin()
+
+
+def _configure_compute_plugin(library: Path, compute: str | None) -> None:
+    """Tells the library which compute plugin to load, before JAX loads it
+    (loading the library here and in JAX yields one instance)."""
+    lib = ctypes.CDLL(str(library))
+    configure = lib.pjrt_crosshost_set_compute_plugin
+    configure.restype = ctypes.c_int
+    configure.argtypes = [ctypes.c_char_p]
+    if configure(compute.encode() if compute else None) != 0:
+        raise RuntimeError(
+            f"pjrt-crosshost: could not configure the compute plugin {compute!r} "
+            "(another one is already loaded in this process; set PJRT_CROSSHOST_LOG=info to see why)"
+        )
 
 
 def _coerce(text: str) -> Any:
@@ -103,26 +147,38 @@ def _env_registers_us() -> str | None:
     return None
 
 
+_DEFAULT = object()
+
+
 def initialize(
     options: Mapping[str, Any] | None = None,
     *,
     priority: int | None = None,
     library: str | os.PathLike[str] | None = None,
+    compute_plugin: Any = _DEFAULT,
 ) -> None:
     """Registers the plugin with JAX (JAX calls this with no arguments).
 
     ``options`` are PJRT_Client_Create options (default: parsed from
     ``PJRT_CROSSHOST_CREATE_OPTIONS``); ``priority`` the backend priority
     (default ``PJRT_CROSSHOST_JAX_PRIORITY`` or -100); ``library`` the .so
-    (default ``PJRT_CROSSHOST_JAX_LIBRARY`` or the packaged one).
+    (default ``PJRT_CROSSHOST_JAX_LIBRARY`` or the packaged one);
+    ``compute_plugin`` the PJRT plugin that computes (default
+    ``compute_plugin_path()``; ``None`` or ``""`` for none).
     """
-    global _registered_library
+    global _registered_library, _compute_plugin
     with _lock:
         if _registered_library is not None:
             return
         from_env = _env_registers_us()
         if from_env is not None:
             logger.debug("%s registered through PJRT_NAMES_AND_LIBRARY_PATHS", PLATFORM)
+            compute = compute_plugin_path() if compute_plugin is _DEFAULT else (compute_plugin or None)
+            try:
+                _configure_compute_plugin(Path(from_env), compute)
+                _compute_plugin = compute
+            except (OSError, RuntimeError) as e:
+                logger.debug("compute plugin not configured: %s", e)
             _registered_library = from_env
             return
         path = Path(library) if library is not None else library_path()
@@ -136,6 +192,9 @@ def initialize(
             options = parse_options(os.environ.get(OPTIONS_ENV, ""))
         if priority is None:
             priority = int(os.environ.get(PRIORITY_ENV, DEFAULT_PRIORITY))
+        compute = compute_plugin_path() if compute_plugin is _DEFAULT else (compute_plugin or None)
+        _configure_compute_plugin(path, compute)
+        _compute_plugin = compute
         from jax._src import xla_bridge
 
         xla_bridge.register_plugin(
@@ -146,6 +205,11 @@ def initialize(
             options=dict(options) if options else None,
         )
         _registered_library = str(path)
+
+
+def configured_compute_plugin() -> str | None:
+    """The compute plugin ``initialize()`` configured (None: none)."""
+    return _compute_plugin
 
 
 def registered_library() -> str | None:
