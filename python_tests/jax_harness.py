@@ -63,15 +63,64 @@ def library_path() -> Path:
     return Path(p) if p else REPO / "target" / "release" / "libpjrt_crosshost.so"
 
 
-def child_env(extra: dict[str, str] | None = None, *, use_repo_package: bool = True) -> dict:
+#: The compute plugins the delegated tests run on: the default (the XLA CPU
+#: plugin of fastatomstruct-xla-cpu, PJRT 0.106, what `pip install
+#: pjrt-crosshost[cpu]` brings) and lammps-jax-pjrt-cpu's (PJRT 0.115; its
+#: wheel requires jax<=0.11.2, so scripts/setup.sh unpacks it into .cache/
+#: instead of installing it).
+COMPUTE_PLUGINS = ("fastatomstruct", "lammps")
+LAMMPS_PLUGIN = REPO / ".cache" / "compute-plugins" / "lammps_jax_pjrt_cpu" / "pjrt_c_api_cpu_plugin.so"
+
+
+def compute_plugin(kind: str = "fastatomstruct") -> Path | None:
+    """Path of a compute plugin for the delegated tests, or None if absent."""
+    override = os.environ.get(f"PJRT_CROSSHOST_TEST_{kind.upper()}_PLUGIN")
+    if override:
+        return Path(override)
+    if kind == "lammps":
+        return LAMMPS_PLUGIN if LAMMPS_PLUGIN.is_file() else None
+    try:
+        import fastatomstruct_xla_cpu
+
+        return Path(fastatomstruct_xla_cpu.library_path())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def require_compute_plugin(kind: str = "fastatomstruct") -> Path:
+    """The compute plugin, or skip saying how to get it."""
+    path = compute_plugin(kind)
+    if path is None:
+        pytest.skip(
+            f"compute plugin {kind!r} is not installed (scripts/setup.sh installs "
+            "fastatomstruct-xla-cpu and unpacks lammps-jax-pjrt-cpu into .cache/)"
+        )
+    return path
+
+
+def child_env(
+    extra: dict[str, str] | None = None,
+    *,
+    use_repo_package: bool = True,
+    compute: str | None = None,
+) -> dict:
     """Environment for a JAX child: only the crosshost backend, the plugin
-    package from the repository, the library under test."""
+    package from the repository, the library under test. ``compute`` names
+    the compute plugin (see COMPUTE_PLUGINS); None runs without one."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PJRT_CROSSHOST_JAX_", "PJRT_CROSSHOST_CREATE_", "JAX_"))
+        if not k.startswith(
+            ("PJRT_CROSSHOST_JAX_", "PJRT_CROSSHOST_CREATE_", "JAX_", "PJRT_CROSSHOST_COMPUTE_")
+        )
         and k != "PJRT_NAMES_AND_LIBRARY_PATHS"
     }
+    if compute is None:
+        env["PJRT_CROSSHOST_COMPUTE_PLUGIN"] = ""
+        env["CROSSHOST_TEST_MODE"] = "embedded"
+    else:
+        env["PJRT_CROSSHOST_COMPUTE_PLUGIN"] = str(require_compute_plugin(compute))
+        env["CROSSHOST_TEST_MODE"] = "delegated"
     env["JAX_PLATFORMS"] = "crosshost"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if use_repo_package:

@@ -4,10 +4,16 @@
 
 Each scenario runs in its own process (JAX aborts the process on many PJRT
 errors), asserts what it checks, and prints ``SCENARIO OK`` on success.
+
+``CROSSHOST_TEST_MODE`` says which plugin configuration the child runs:
+``embedded`` (no compute plugin: crosshost devices hold and move arrays) or
+``delegated`` (a compute plugin computes on them; the test sets
+``PJRT_CROSSHOST_COMPUTE_PLUGIN``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -57,6 +63,10 @@ def same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.tobytes() == want.tobytes(), f"{what}: bytes differ"
 
 
+MODE = os.environ.get("CROSSHOST_TEST_MODE", "embedded")
+DELEGATED = MODE == "delegated"
+
+
 def devices() -> None:
     jax = jax_x64()
     devs = jax.devices("crosshost")
@@ -67,21 +77,28 @@ def devices() -> None:
     assert jax.process_count() == 1 and jax.process_index() == 0
     for d in devs:
         assert d.platform == "crosshost", d.platform
-        assert d.device_kind == "crosshost-host", d.device_kind
+        # Delegated: the compute plugin's devices (XLA's CPU plugin: "cpu",
+        # with its three memory kinds).
+        assert d.device_kind == ("cpu" if DELEGATED else "crosshost-host"), d.device_kind
         assert d.process_index == 0
         assert d.default_memory().kind == "device", d.default_memory()
-        assert [m.kind for m in d.addressable_memories()] == ["device"]
-        stats = d.memory_stats()
-        assert stats["bytes_in_use"] >= 0, stats
+        kinds = [m.kind for m in d.addressable_memories()]
+        assert kinds == (["device", "pinned_host", "unpinned_host"] if DELEGATED else ["device"]), kinds
+        if not DELEGATED:
+            stats = d.memory_stats()
+            assert stats["bytes_in_use"] >= 0, stats
     backend = devs[0].client
     assert backend.platform == "crosshost"
     assert "pjrt-crosshost" in backend.platform_version, backend.platform_version
+    assert ("compute: cpu" in backend.platform_version) == DELEGATED, backend.platform_version
     # The extension advertises cross-host transfers; JAX's cross-process
     # device_put keys off this attribute.
     assert getattr(backend, "supports_cross_host_transfers", None) is True
-    # A second device_put after listing still works, and memory stats move.
+    # A second device_put after listing still works, and memory stats move
+    # (the embedded backend counts them; XLA's CPU plugin keeps none).
     x = jax.device_put(np.arange(1000, dtype=np.float32), devs[1])
-    assert devs[1].memory_stats()["bytes_in_use"] >= 4000, devs[1].memory_stats()
+    if not DELEGATED:
+        assert devs[1].memory_stats()["bytes_in_use"] >= 4000, devs[1].memory_stats()
     same(np.asarray(x), np.arange(1000, dtype=np.float32), "after listing")
 
 
@@ -189,6 +206,77 @@ def compute_unimplemented() -> None:
         same(np.asarray(z), np.ones((2, 2), np.int16), "new array after compile error")
 
 
+def close(got, want, what: str, rtol=1e-5, atol=1e-6) -> None:
+    got = np.asarray(got)
+    assert got.shape == np.shape(want), f"{what}: shape {got.shape} != {np.shape(want)}"
+    assert np.allclose(got, want, rtol=rtol, atol=atol), f"{what}: {got} != {want}"
+
+
+def compute() -> None:
+    """jnp ops, jit, grad, reductions and matmul on both crosshost devices
+    give numpy's results, on the device of their inputs."""
+    jax = jax_x64()
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 3)).astype(np.float32)
+    ints = rng.integers(-50, 50, size=(4, 6)).astype(np.int32)
+    for d in jax.devices("crosshost"):
+        x, y, n = (jax.device_put(v, d) for v in (a, b, ints))
+        for got, want, what in [
+            (jnp.sin(x), np.sin(a), "sin"),
+            (jnp.exp(x) * 2 + 1, np.exp(a) * 2 + 1, "elementwise"),
+            (jnp.tanh(x).T, np.tanh(a).T, "transpose"),
+            (x.sum(), a.sum(), "sum"),
+            (x.mean(axis=0), a.mean(axis=0), "mean"),
+            (x.max(axis=1), a.max(axis=1), "max"),
+            (jnp.argmax(x, axis=1), np.argmax(a, axis=1), "argmax"),
+            (x @ y, a @ b, "matmul"),
+            (jnp.einsum("ij,jk->ik", x, y), a @ b, "einsum"),
+            (n * 3 - 7, ints * 3 - 7, "int32"),
+            ((n % 5) == 0, (ints % 5) == 0, "bool"),
+            (jnp.cumsum(x, axis=1), np.cumsum(a, axis=1), "cumsum"),
+        ]:
+            assert got.devices() == {d}, (what, got.devices())
+            close(got, want, f"{what} on {d.id}", rtol=1e-4, atol=1e-5)
+        f = jax.jit(lambda u, v: jnp.tanh(u @ v).sum(axis=0))
+        close(f(x, y), np.tanh(a @ b).sum(axis=0), f"jit on {d.id}", rtol=1e-4, atol=1e-5)
+        g = jax.grad(lambda u: (jnp.sin(u) ** 2).sum())
+        close(g(x), 2 * np.sin(a) * np.cos(a), f"grad on {d.id}", rtol=1e-4, atol=1e-5)
+        v = jax.vmap(lambda row: row @ y)(x)
+        close(v, a @ b, f"vmap on {d.id}", rtol=1e-4, atol=1e-5)
+        x64 = jax.device_put(a.astype(np.float64), d)
+        close(jnp.linalg.norm(x64), np.linalg.norm(a.astype(np.float64)), "float64 norm")
+    # A result of jit moves to the other device and computes there.
+    d0, d1 = jax.devices("crosshost")
+    out = jax.jit(lambda u: u * 10)(jax.device_put(a, d0))
+    moved = jax.device_put(out, d1)
+    assert moved.devices() == {d1}
+    close(moved, a * 10, "device-to-device after jit")
+    close(moved + 1, a * 10 + 1, "compute after device-to-device")
+
+
+def compute_errors() -> None:
+    """An error inside a program (the compute plugin rejects it) is a JAX
+    error, and the backend keeps working."""
+    jax = jax_x64()
+    import jax.numpy as jnp
+
+    d0 = jax.devices("crosshost")[0]
+    x = jax.device_put(np.arange(4, dtype=np.float32), d0)
+    for attempt in range(2):
+        try:
+            call = jax.ffi.ffi_call("crosshost_no_such_target", jax.ShapeDtypeStruct((4,), jnp.float32))
+            np.asarray(jax.jit(lambda v: call() + v)(x))
+        except jax.errors.JaxRuntimeError as e:
+            assert "crosshost_no_such_target" in str(e), str(e)
+            assert "compute plugin" in str(e), str(e)
+        else:
+            raise AssertionError(f"a program calling an unknown target ran (attempt {attempt})")
+        close(jnp.cos(x), np.cos(np.arange(4, dtype=np.float32)), "compute after the error")
+
+
 def installed_package() -> None:
     # Run by the test with no plugin environment variables at all: the
     # package found on the path registers its own library.
@@ -205,6 +293,14 @@ def installed_package() -> None:
     assert jax.default_backend() == "cpu", jax.default_backend()
     metrics = plugin.metrics()
     assert len(metrics) == 1 and metrics[0]["process_index"] == 0, metrics
+    if DELEGATED:
+        # The [cpu] extra's plugin computes, with no configuration at all.
+        import fastatomstruct_xla_cpu
+        import jax.numpy as jnp
+
+        assert plugin.configured_compute_plugin() == fastatomstruct_xla_cpu.library_path()
+        close(jnp.sin(x), np.sin(np.arange(5, dtype=np.int32)), "compute out of the box")
+        assert jnp.sin(x).devices() == {devs[1]}
 
 
 def crosshost_beside_cpu() -> None:
@@ -232,6 +328,8 @@ SCENARIOS = {
         round_trips,
         device_to_device,
         compute_unimplemented,
+        compute,
+        compute_errors,
         installed_package,
         crosshost_beside_cpu,
     )

@@ -34,7 +34,9 @@ from kv_server import KvClient  # noqa: E402
 
 BT = pc.BufferType
 
-# node 0 (the test) owns global devices 0,1; node 1 (this process) 2,3.
+# node 0 (the test) owns two devices, node 1 (this process) two more. Their
+# global ids depend on the plugin's mode (th.expected_pair_ids), so both sides
+# take them from the client (th.device_ids), never from literals.
 V2_SPECS = [
     th.spec(BT.F32, 256, 17),
     th.spec(BT.S8, 1001),
@@ -45,8 +47,8 @@ V2_SPECS = [
     th.spec(BT.PRED, 33),
     th.spec(BT.S64, 1 << 15),  # 256 KiB
 ]
-V2_KEYS_0_TO_1 = [1000 + i for i in range(len(V2_SPECS))]  # device 0 -> device 2
-V2_KEYS_1_TO_0 = [2000 + i for i in range(len(V2_SPECS))]  # device 3 -> device 1
+V2_KEYS_0_TO_1 = [1000 + i for i in range(len(V2_SPECS))]  # node 0 dev 0 -> node 1 dev 0
+V2_KEYS_1_TO_0 = [2000 + i for i in range(len(V2_SPECS))]  # node 1 dev 1 -> node 0 dev 1
 SEED_0 = 100  # data node 0 sends: make_data(spec, SEED_0 + i)
 SEED_1 = 500  # data node 1 sends
 
@@ -96,10 +98,11 @@ def client_options(node, nodes, session, extra):
 
 def v2_peer(api, xh, client, ch):
     d2, d3 = client.addressable_devices()
-    bufs = xh.receive(client, d2, V2_SPECS, [0] * len(V2_SPECS), V2_KEYS_0_TO_1)
+    t0, t1 = th.device_ids(client, 0)  # the test's (node 0's) two devices
+    bufs = xh.receive(client, d2, V2_SPECS, [t0] * len(V2_SPECS), V2_KEYS_0_TO_1)
     datas = [th.make_data(s, SEED_1 + i) for i, s in enumerate(V2_SPECS)]
     srcs = [th.upload(client, d3, s, d) for s, d in zip(V2_SPECS, datas)]
-    evs = xh.send(client, srcs, [1] * len(V2_SPECS), V2_KEYS_1_TO_0)
+    evs = xh.send(client, srcs, [t1] * len(V2_SPECS), V2_KEYS_1_TO_0)
     for i, (b, e, s) in enumerate(zip(bufs, evs, V2_SPECS)):
         th.expect_ok(th.wait_event(e), f"peer send event {i}")
         th.expect_ok(th.buffer_status(b), f"peer receive buffer {i}")
@@ -131,12 +134,12 @@ STALE_SEED = 321
 
 
 def send_on_go_peer(api, xh, client, ch):
-    """Waits for the test's "go", then sends STALE_SPEC from device 2 to
-    device 0 under transfer key 1."""
+    """Waits for the test's "go", then sends STALE_SPEC from this node's
+    first device to node 0's first device under transfer key 1."""
     ch.get("go", 30)
     d2 = client.addressable_devices()[0]
     src = th.upload(client, d2, STALE_SPEC, th.make_data(STALE_SPEC, STALE_SEED))
-    (ev,) = xh.send(client, [src], [0], [1])
+    (ev,) = xh.send(client, [src], [th.device_ids(client, 0)[0]], [1])
     th.expect_ok(th.wait_event(ev), "peer send")
 
 

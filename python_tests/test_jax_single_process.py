@@ -1,7 +1,10 @@
-"""JAX 0.10.2 loads the plugin in one process: backend and devices, device_put
-/ np.asarray round trips for every dtype on both devices, device-to-device
-copies, compute failing with the documented UNIMPLEMENTED error without harm,
-create options, and the installed package working with no environment.
+"""JAX loads the plugin in one process, without a compute plugin (embedded)
+and delegating to XLA's CPU plugin: backend and devices, device_put /
+np.asarray round trips for every dtype on both devices, device-to-device
+copies, create options, the installed package working with no environment;
+embedded, compute fails with the documented UNIMPLEMENTED error without
+harm; delegated, jnp ops, jit, grad, reductions and matmul give numpy's
+results on both devices, on both CPU plugins.
 
 Each scenario (jax_single_process_scenarios.py) runs in a child process with
 a timeout. Skipped only when JAX cannot be imported.
@@ -15,7 +18,16 @@ import sys
 
 import pytest
 
-from jax_harness import HERE, PACKAGE_DIR, child_env, library_path, run_python, skip_unless_jax
+from jax_harness import (
+    COMPUTE_PLUGINS,
+    HERE,
+    compute_plugin,
+    PACKAGE_DIR,
+    child_env,
+    library_path,
+    run_python,
+    skip_unless_jax,
+)
 
 pytestmark = skip_unless_jax()
 
@@ -28,31 +40,51 @@ def run_scenario(name: str, *, timeout: float = 120, env: dict | None = None) ->
     return out
 
 
-def test_backend_initializes_and_lists_both_devices():
-    run_scenario("devices")
+# Without a compute plugin, and delegating to the default CPU plugin.
+MODES = [None, "fastatomstruct"]
 
 
-def test_round_trips_every_dtype_and_shape_on_both_devices():
-    out = run_scenario("round_trips", timeout=300)
+@pytest.mark.parametrize("compute", MODES)
+def test_backend_initializes_and_lists_both_devices(compute):
+    run_scenario("devices", env=child_env(compute=compute))
+
+
+@pytest.mark.parametrize("compute", MODES)
+def test_round_trips_every_dtype_and_shape_on_both_devices(compute):
+    out = run_scenario("round_trips", timeout=300, env=child_env(compute=compute))
     assert "448 round trips" in out, out
 
 
-def test_device_to_device_put():
-    run_scenario("device_to_device", timeout=300)
+@pytest.mark.parametrize("compute", MODES)
+def test_device_to_device_put(compute):
+    run_scenario("device_to_device", timeout=300, env=child_env(compute=compute))
 
 
 def test_compute_raises_unimplemented_and_later_calls_work():
-    run_scenario("compute_unimplemented")
+    run_scenario("compute_unimplemented", env=child_env(compute=None))
 
 
-def test_create_options_from_environment():
+@pytest.mark.parametrize("compute", COMPUTE_PLUGINS)
+def test_compute_gives_numpys_results_on_both_devices(compute):
+    run_scenario("compute", timeout=300, env=child_env(compute=compute))
+
+
+@pytest.mark.parametrize("compute", COMPUTE_PLUGINS)
+def test_an_error_inside_a_program_is_a_jax_error(compute):
+    run_scenario("compute_errors", env=child_env(compute=compute))
+
+
+@pytest.mark.parametrize("compute", MODES)
+def test_create_options_from_environment(compute):
     run_scenario(
-        "options_from_env", env=child_env({"PJRT_CROSSHOST_CREATE_OPTIONS": "num_devices=4"})
+        "options_from_env",
+        env=child_env({"PJRT_CROSSHOST_CREATE_OPTIONS": "num_devices=4"}, compute=compute),
     )
 
 
-def test_create_options_from_initialize_signature():
-    run_scenario("options_from_initialize")
+@pytest.mark.parametrize("compute", MODES)
+def test_create_options_from_initialize_signature(compute):
+    run_scenario("options_from_initialize", env=child_env(compute=compute))
 
 
 def test_crosshost_default_beside_cpu_for_compute():
@@ -82,5 +114,9 @@ def test_installed_package_needs_no_environment(tmp_path):
     assert (site / "jax_plugins" / "crosshost" / "libpjrt_crosshost.so").is_file()
     env = child_env(use_repo_package=False)
     del env["JAX_PLATFORMS"]
+    # No compute plugin variable either: the package's default applies (the
+    # CPU plugin of the [cpu] extra, installed by scripts/setup.sh).
+    del env["PJRT_CROSSHOST_COMPUTE_PLUGIN"]
+    env["CROSSHOST_TEST_MODE"] = "delegated" if compute_plugin() else "embedded"
     env["PYTHONPATH"] = str(site)
     run_scenario("installed_package", env=env)

@@ -1,4 +1,6 @@
-"""JAX 0.10.2 cross-process device_put through the plugin's v2 path.
+"""JAX cross-process device_put through the plugin's v2 path, without a
+compute plugin (embedded) and delegating to XLA's CPU plugins; and a job
+that computes on both sides of 200 transfers (test_compute_on_both_sides...).
 
 Two Python processes join a jax.distributed job on 127.0.0.1 with
 JAX_PLATFORMS=crosshost (JAX only uses cross-host transfers of the default
@@ -37,6 +39,7 @@ import time
 import pytest
 
 from jax_harness import (
+    COMPUTE_PLUGINS,
     HERE,
     child_env,
     free_port,
@@ -49,20 +52,23 @@ from jax_harness import (
 pytestmark = skip_unless_jax()
 
 WORKER = HERE / "jax_two_process_worker.py"
+COMPUTE_WORKER = HERE / "jax_compute_worker.py"
+MODES = [None, "fastatomstruct"]
 TIMEOUT_S = 180
 KEYS_PER_RECEIVED_BUFFER = 2  # completion receipt + descriptor (v2)
 
 
-def run_job(tmp_path, extra_env=None, mode="standard"):
+def run_job(tmp_path, extra_env=None, mode="standard", compute=None, worker=WORKER, args=None):
     port = free_port()
-    env = child_env(extra_env)
+    env = child_env(extra_env, compute=compute)
     outs = [tmp_path / f"result{p}.json" for p in (0, 1)]
     logs = [tmp_path / f"log{p}.txt" for p in (0, 1)]
     procs = []
     try:
         for p in (0, 1):
             with open(logs[p], "w") as log:
-                procs.append(start([str(WORKER), str(p), str(port), str(outs[p]), mode], env, log=log))
+                argv = [str(worker), str(p), str(port), str(outs[p]), *(args or [mode])]
+                procs.append(start(argv, env, log=log))
         deadline = time.monotonic() + TIMEOUT_S
         for p, proc in enumerate(procs):
             try:
@@ -96,11 +102,20 @@ def run_job(tmp_path, extra_env=None, mode="standard"):
     return results
 
 
-def test_cross_process_device_put_every_byte_and_metrics(tmp_path):
-    sender, receiver = run_job(tmp_path)
+def expected_devices(compute):
+    """Global ids of the job: embedded, in process order; delegated, XLA's
+    numbering (process * 2048 + i)."""
+    p1 = [2, 3] if compute is None else [2048, 2049]
+    return [[0, 0], [1, 0], [p1[0], 1], [p1[1], 1]], [0, 1], p1
 
-    assert sender["devices"] == [[0, 0], [1, 0], [2, 1], [3, 1]]
-    assert sender["local_devices"] == [0, 1] and receiver["local_devices"] == [2, 3]
+
+@pytest.mark.parametrize("compute", MODES)
+def test_cross_process_device_put_every_byte_and_metrics(tmp_path, compute):
+    sender, receiver = run_job(tmp_path, compute=compute)
+
+    devices, local0, local1 = expected_devices(compute)
+    assert sender["devices"] == devices and receiver["devices"] == devices
+    assert sender["local_devices"] == local0 and receiver["local_devices"] == local1
 
     n = receiver["num_transfers"]
     checks = receiver["checks"]
@@ -130,9 +145,12 @@ def test_cross_process_device_put_every_byte_and_metrics(tmp_path):
     assert len(receiver["clients"]) == 1 and receiver["clients"][0]["process_index"] == 1
 
 
-def test_cross_process_device_put_over_tcp(tmp_path):
+@pytest.mark.parametrize("compute", MODES)
+def test_cross_process_device_put_over_tcp(tmp_path, compute):
     # The same job with the plugin's TCP transport instead of shared memory.
-    _, receiver = run_job(tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": "transport=tcp"})
+    _, receiver = run_job(
+        tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": "transport=tcp"}, compute=compute
+    )
     bad = [c for c in receiver["checks"] if not all(v for k, v in c.items() if k.endswith("_ok"))]
     assert not bad and len(receiver["checks"]) == receiver["num_transfers"], bad
     assert receiver["metrics"]["bytes_received"] == receiver["total_bytes"]
@@ -154,6 +172,24 @@ def test_mixed_source_batch_never_delivers_wrong_data(tmp_path):
     assert m["timeouts"] == len(failed) and m["stale_receipts_rejected"] == 0, m
     assert m["keys_created"] == KEYS_PER_RECEIVED_BUFFER * 6, m
     assert m["keys_outstanding"] == m["retained_keys"], m
+
+
+@pytest.mark.parametrize("compute", COMPUTE_PLUGINS)
+def test_compute_on_both_sides_of_200_cross_process_transfers(tmp_path, compute):
+    rounds = 200
+    sender, receiver = run_job(
+        tmp_path, compute=compute, worker=COMPUTE_WORKER, args=[str(rounds)]
+    )
+    assert receiver["checks"] == rounds and not receiver["bad"], receiver["bad"][:5]
+    total = receiver["total_bytes"]
+    assert sender["total_bytes"] == total and total > 20_000_000
+    # The bytes went through the plugin's transfers, not around them.
+    assert sender["metrics"]["bytes_sent"] == total, sender["metrics"]
+    assert receiver["metrics"]["bytes_received"] == total, receiver["metrics"]
+    for side in (sender, receiver):
+        m = side["metrics"]
+        assert m["timeouts"] == 0 and m["cancellations"] == 0 and m["stale_receipts_rejected"] == 0, m
+        assert side["compute_plugin"], side
 
 
 def _readme_demo(name: str) -> str:

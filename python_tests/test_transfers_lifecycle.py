@@ -40,20 +40,31 @@ def upload0(c0, s, seed):
     return th.upload(c0, c0.addressable_devices()[0], s, d), d
 
 
+def src_id(c):
+    """Global id of node 0's first device (where upload0 puts the sources);
+    taken from the client because the numbering depends on the plugin's mode."""
+    return th.device_ids(c, 0)[0]
+
+
+def dst_id(c):
+    """Global id of node 1's first device (c1.addressable_devices()[0])."""
+    return th.device_ids(c, 1)[0]
+
+
 @pytest.mark.isolated
 def test_receive_buffer_destroyed_before_the_send_is_harmless(xh, pair):
     c0, c1 = pair
     s = spec(BT.F32, 4096)
     src, _ = upload0(c0, s, 1)
-    (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [1])
+    (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [src_id(c1)], [1])
     buf.destroy()
-    (ev,) = xh.send(c0, [src], [2], [1])
+    (ev,) = xh.send(c0, [src], [dst_id(c0)], [1])
     th.wait_event(ev)  # OK or an error: bounded, and no crash
     th.wait_keys_retired(c1)
     # Both clients still work.
     src2, d2 = upload0(c0, s, 2)
-    (b2,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [2])
-    (e2,) = xh.send(c0, [src2], [2], [2])
+    (b2,) = xh.receive(c1, c1.addressable_devices()[0], [s], [src_id(c1)], [2])
+    (e2,) = xh.send(c0, [src2], [dst_id(c0)], [2])
     th.expect_ok(th.wait_event(e2))
     th.expect_ok(th.buffer_status(b2))
     th.assert_same_bytes(th.read_back(b2, s), d2)
@@ -64,10 +75,10 @@ def test_buffer_delete_on_a_pending_receive_then_send_is_harmless(xh, pair):
     c0, c1 = pair
     s = spec(BT.S16, 999)
     src, _ = upload0(c0, s, 3)
-    (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [4])
+    (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [src_id(c1)], [4])
     buf.delete()
     assert buf.is_deleted()
-    (ev,) = xh.send(c0, [src], [2], [4])
+    (ev,) = xh.send(c0, [src], [dst_id(c0)], [4])
     th.wait_event(ev)
     th.wait_keys_retired(c1)
 
@@ -78,11 +89,12 @@ def test_receiver_client_destroyed_with_pending_receives_does_not_hang(api, xh):
     try:
         s = spec(BT.U8, 10000)
         src, _ = upload0(c0, s, 4)
-        xh.receive(c1, c1.addressable_devices()[0], [s, s], [0, 0], [1, 2])
+        dst = dst_id(c0)  # before c1 goes away (c0 knows it either way)
+        xh.receive(c1, c1.addressable_devices()[0], [s, s], [src_id(c1)] * 2, [1, 2])
         t0 = time.monotonic()
         c1.destroy()
         assert time.monotonic() - t0 < 5, "client destroy blocked on pending receives"
-        evs = xh.send(c0, [src, src], [2, 2], [1, 2])
+        evs = xh.send(c0, [src, src], [dst, dst], [1, 2])
         for e in evs:
             th.wait_event(e, timeout=10)  # bounded by send_timeout; any status
     finally:
@@ -106,8 +118,8 @@ def test_many_sequential_transfers_leave_zero_keys(xh, pair):
     r_dev = c1.addressable_devices()[0]
     n = 60
     for k in range(n):
-        (b,) = xh.receive(c1, r_dev, [s], [0], [k])
-        (e,) = xh.send(c0, [src], [2], [k])
+        (b,) = xh.receive(c1, r_dev, [s], [src_id(c1)], [k])
+        (e,) = xh.send(c0, [src], [r_dev.id()], [k])
         th.expect_ok(th.wait_event(e, destroy=False))
         th.expect_ok(th.buffer_status(b))
         th.assert_same_bytes(th.read_back(b, s), d, f"transfer {k}")
@@ -133,11 +145,11 @@ def test_concurrent_senders_and_receivers(xh, pair):
             srcs = [th.upload(c0, dev, x, d) for x, d in zip(specs, datas)]
             keys = [10000 * (t + 1) + i for i in range(per)]
             if t % 2:
-                evs = xh.send(c0, srcs, [2] * per, keys)
+                evs = xh.send(c0, srcs, [r_dev.id()] * per, keys)
                 bufs = xh.receive(c1, r_dev, specs, [dev.id()] * per, keys)
             else:
                 bufs = xh.receive(c1, r_dev, specs, [dev.id()] * per, keys)
-                evs = xh.send(c0, srcs, [2] * per, keys)
+                evs = xh.send(c0, srcs, [r_dev.id()] * per, keys)
             results[t] = (bufs, evs, specs, datas)
         except BaseException as e:  # noqa: BLE001
             failures.append(e)
@@ -218,8 +230,8 @@ def test_large_buffer_over_tcp(api, xh):
     try:
         s = spec(BT.U32, 8 * 1024 * 1024)  # 32 MiB
         src, d = upload0(c0, s, 9)
-        (b,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [1])
-        (e,) = xh.send(c0, [src], [2], [1])
+        (b,) = xh.receive(c1, c1.addressable_devices()[0], [s], [src_id(c1)], [1])
+        (e,) = xh.send(c0, [src], [dst_id(c0)], [1])
         th.expect_ok(th.wait_event(e, timeout=30))
         th.expect_ok(th.buffer_status(b, timeout=30))
         th.assert_same_bytes(th.read_back(b, s), d, "32 MiB")
@@ -262,8 +274,8 @@ def test_v2_two_senders_on_one_transfer_key_do_not_both_write_the_destination(xh
     dev = c0.addressable_devices()[0]
     srcs = [th.upload(c0, dev, s, d) for d in sources]
     for key in (5, 6, 7):
-        evs = [xh.send(c0, [b], [2], [key])[0] for b in srcs]
-        (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [0], [key])
+        evs = [xh.send(c0, [b], [dst_id(c0)], [key])[0] for b in srcs]
+        (buf,) = xh.receive(c1, c1.addressable_devices()[0], [s], [dev.id()], [key])
         statuses = [th.wait_event(e) for e in evs]
         _one_winner(statuses, buf, s, sources, f"v2 duplicate senders, key {key}")
         buf.destroy()

@@ -7,6 +7,10 @@ KV delete extension, so completion receipts are really deleted.
 No kv_store option is given: the plugin must use the callbacks because the
 job has num_nodes = 2. Every wait is bounded; a child still alive at the
 end of a test is killed.
+
+Device ids (in transfer calls and in the plugin's ``.d<src>-<dst>`` store
+keys) come from the client (th.device_ids): the numbering depends on the
+plugin's mode (th.expected_pair_ids).
 """
 
 from __future__ import annotations
@@ -145,7 +149,7 @@ def plugin_keys(server, pattern: str = "") -> list[str]:
 def test_two_processes_see_the_same_global_devices(job_factory):
     job = job_factory("v1", options={})  # any scenario; we only look at devices
     c = job.client
-    assert [d.id() for d in c.devices()] == [0, 1, 2, 3]
+    assert [d.id() for d in c.devices()] == th.expected_pair_ids()
     assert [d.is_addressable() for d in c.devices()] == [True, True, False, False]
     assert [d.process_index() for d in c.devices()] == [0, 0, 1, 1]
     job.kill()
@@ -161,11 +165,12 @@ def test_v2_both_directions_between_processes(xh, job_factory, server, transport
     job = job_factory("v2", options=options, with_delete=with_delete)
     c = job.client
     d0, d1 = c.addressable_devices()
+    p0, p1 = th.device_ids(c, 1)  # the peer's two devices
     specs = peer.V2_SPECS
     datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
     srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
-    evs = xh.send(c, srcs, [2] * len(specs), peer.V2_KEYS_0_TO_1)
-    bufs = xh.receive(c, d1, specs, [3] * len(specs), peer.V2_KEYS_1_TO_0)
+    evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
+    bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
     for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
         th.expect_ok(th.wait_event(e), f"send event {i}")
         th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
@@ -182,7 +187,8 @@ def test_v2_both_directions_between_processes(xh, job_factory, server, transport
         assert m["retained_keys"] == 0
     else:
         m = th.metrics(c)
-        mine = plugin_keys(server, ".d3-1/")  # pair (src 3 -> dst 1): we are the receiver
+        # pair (src p1 -> dst d1): we are the receiver
+        mine = plugin_keys(server, f".d{p1}-{d1.id()}/")
         assert m["retained_keys"] > 0, m
         assert m["retained_keys"] == len(mine), (m, mine)
         assert m["keys_outstanding"] == m["retained_keys"], m
@@ -233,7 +239,7 @@ def test_sender_process_killed_before_sending_gives_deadline_exceeded(
     d0 = c.addressable_devices()[0]
     s = th.spec(BT.F32, 1024)
     t0 = time.monotonic()
-    bufs = xh.receive(c, d0, [s, s], [2, 3], [1, 2])
+    bufs = xh.receive(c, d0, [s, s], th.device_ids(c, 1), [1, 2])
     job.kill()  # SIGKILL: the sender never sends, never says goodbye
     for i, b in enumerate(bufs):
         th.expect_code(th.buffer_status(b, timeout=10), EC.DEADLINE_EXCEEDED, f"buffer {i}")
@@ -273,7 +279,7 @@ def test_receiver_process_killed_gives_the_sender_deadline_exceeded(xh, job_fact
     src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 3))
     t0 = time.monotonic()
     job.kill()
-    (ev,) = xh.send(c, [src], [2], [9])
+    (ev,) = xh.send(c, [src], [th.device_ids(c, 1)[0]], [9])
     th.expect_code(th.wait_event(ev, timeout=10), EC.DEADLINE_EXCEEDED, "send event")
     assert time.monotonic() - t0 < 5
 
@@ -285,13 +291,15 @@ def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, serv
     job = job_factory("send_on_go")
     c = job.client
     d0 = c.addressable_devices()[0]
+    p0 = th.device_ids(c, 1)[0]  # the peer's sending device
     s = peer.STALE_SPEC
-    (buf,) = xh.receive(c, d0, [s], [2], [1])
+    (buf,) = xh.receive(c, d0, [s], [p0], [1])
     epoch = server.keys(f"crosshost/session/{job.session}/epoch")
     assert epoch, server.keys("crosshost/")
     epoch = job.kv.try_get(epoch[0]).decode()
-    key = f"crosshost/recv/{epoch}.d2-0/1/0"
-    desc = plugin_keys(server, f"{epoch}.d2-0/1/0")
+    pair = f"{epoch}.d{p0}-{d0.id()}"
+    key = f"crosshost/recv/{pair}/1/0"
+    desc = plugin_keys(server, f"{pair}/1/0")
     assert any(k.startswith("crosshost/desc/") for k in desc), (key, server.keys("crosshost/"))
     before = th.metrics(c)["stale_receipts_rejected"]
     for forged in (b"xr1 ok 123456789abcdef", b"xr1 err 42 13 forged failure", b"xr1 cancel 7"):
@@ -307,7 +315,7 @@ def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, serv
     th.assert_same_bytes(th.read_back(buf, s), th.make_data(s, peer.STALE_SEED), "stale test")
     job.result("send_on_go")
     th.wait_keys_retired(c)
-    assert th.poll_until(lambda: not plugin_keys(server, f"{epoch}.d2-0/"), 5), plugin_keys(server)
+    assert th.poll_until(lambda: not plugin_keys(server, f"{pair}/"), 5), plugin_keys(server)
     job.finish()
 
 
@@ -318,7 +326,9 @@ def test_failed_deletes_keep_the_transfer_status_and_are_counted(xh, job_factory
     job = job_factory("send_on_go")
     c = job.client
     s = peer.STALE_SPEC
-    (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+    d0 = c.addressable_devices()[0]
+    p0 = th.device_ids(c, 1)[0]  # the peer's sending device
+    (buf,) = xh.receive(c, d0, [s], [p0], [1])
     server.fail_ops = {"D"}
     try:
         job.ch.put("go", b"1")
@@ -330,7 +340,7 @@ def test_failed_deletes_keep_the_transfer_status_and_are_counted(xh, job_factory
         ) or th.metrics(c)
         assert m["delete_failures"] == 2, m  # completion key + descriptor key
         assert m["keys_deleted"] == 0 and m["keys_outstanding"] == 2, m
-        assert len(plugin_keys(server, ".d2-0/1/0")) == 2, server.keys("crosshost/")
+        assert len(plugin_keys(server, f".d{p0}-{d0.id()}/1/0")) == 2, server.keys("crosshost/")
         th.expect_ok(th.buffer_status(buf), "status unchanged after the failed deletes")
     finally:
         server.fail_ops = set()
@@ -346,7 +356,7 @@ def test_a_store_that_fails_every_read_still_ends_the_receive_by_its_deadline(xh
     server.fail_ops = {"G", "T"}
     try:
         t0 = time.monotonic()
-        (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [2], [1])
+        (buf,) = xh.receive(c, c.addressable_devices()[0], [s], [th.device_ids(c, 1)[0]], [1])
         st = th.buffer_status(buf, timeout=10)
         elapsed = time.monotonic() - t0
         assert st is not None, "receive succeeded with no sender and a failing store"

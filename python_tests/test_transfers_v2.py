@@ -1,7 +1,10 @@
 """v2 cross-host transfers (CrossHostReceiveBuffers / CrossHostSendBuffers)
 between two clients of one 2-node job inside this process.
 
-Node 0 owns global devices 0,1 and node 1 owns 2,3. Most tests run twice:
+Node 0 owns two global devices and node 1 two more; their ids depend on the
+plugin's mode (0,1 / 2,3 with the host backend, 0,1 / 2048,2049 delegated to
+a compute plugin), so the tests take them from the clients, never from
+literals. Most tests run twice:
 ``auto`` (same host: shared memory / in-process copy) and ``tcp`` (the
 "two hosts" path, forced with transport=tcp on both clients). Every byte of
 every received buffer is compared with numpy; every wait is bounded.
@@ -45,7 +48,8 @@ def auto_pair(api):
 
 
 def devs(c0, c1):
-    """(node 0 device 0, node 1 device 0 [global 2], node 1 device 1 [global 3])."""
+    """(node 0 device 0, node 1 device 0, node 1 device 1); each one's global
+    id is ``.id()`` (th.device_ids order)."""
     a0 = c0.addressable_devices()
     a1 = c1.addressable_devices()
     return a0[0], a1[0], a1[1]
@@ -82,14 +86,16 @@ def check_all_arrived(bufs, evs, specs, datas):
 
 def test_devices_are_global_and_the_peers_are_not_addressable(auto_pair):
     c0, c1 = auto_pair
+    expected = th.expected_pair_ids()  # the numbering of the plugin's mode
     for me, c in enumerate((c0, c1)):
         ds = c.devices()
-        assert [d.id() for d in ds] == [0, 1, 2, 3]
+        assert [d.id() for d in ds] == expected
         for d in ds:
-            owner = 0 if d.id() < 2 else 1
+            owner = expected.index(d.id()) // 2  # two devices per node, in node order
             assert d.process_index() == owner
             assert d.is_addressable() == (owner == me)
-        assert [d.id() for d in c.addressable_devices()] == ([0, 1] if me == 0 else [2, 3])
+        assert [d.id() for d in c.addressable_devices()] == expected[2 * me : 2 * me + 2]
+        assert th.device_ids(c, me) == expected[2 * me : 2 * me + 2]
         assert c.process_index() == me
 
 
@@ -145,16 +151,17 @@ def test_v2_either_side_may_call_first(xh, pair, order):
     datas = [th.make_data(s, 20 + i) for i, s in enumerate(specs)]
     srcs = [th.upload(c0, s_dev, s, d) for s, d in zip(specs, datas)]
     keys = [5, 6]
+    src_ids, dst_ids = [s_dev.id()] * 2, [r_dev.id()] * 2
     if order == "receiver_first":
-        bufs = xh.receive(c1, r_dev, specs, [0, 0], keys)
+        bufs = xh.receive(c1, r_dev, specs, src_ids, keys)
         time.sleep(0.05)
         assert not any(th.is_buffer_ready(b) for b in bufs), "ready before any sender"
-        evs = xh.send(c0, srcs, [2, 2], keys)
+        evs = xh.send(c0, srcs, dst_ids, keys)
     else:
-        evs = xh.send(c0, srcs, [2, 2], keys)
+        evs = xh.send(c0, srcs, dst_ids, keys)
         time.sleep(0.05)
         assert not any(e.is_ready() for e in evs), "send completed before any receiver"
-        bufs = xh.receive(c1, r_dev, specs, [0, 0], keys)
+        bufs = xh.receive(c1, r_dev, specs, src_ids, keys)
     check_all_arrived(bufs, evs, specs, datas)
 
 
@@ -166,14 +173,14 @@ def test_v2_each_buffer_is_ready_on_its_own_send_not_gated_on_earlier_ones(xh, p
     datas = [th.make_data(s, 40 + i) for i, s in enumerate(specs)]
     srcs = [th.upload(c0, s_dev, s, d) for s, d in zip(specs, datas)]
     keys = [301, 302, 303]
-    bufs = xh.receive(c1, r_dev, specs, [0, 0, 0], keys)
+    bufs = xh.receive(c1, r_dev, specs, [s_dev.id()] * 3, keys)
     # Send the last one only: it completes while 0 and 1 stay pending.
-    ev2 = xh.send(c0, [srcs[2]], [2], [303])[0]
+    ev2 = xh.send(c0, [srcs[2]], [r_dev.id()], [303])[0]
     th.expect_ok(th.wait_event(ev2), "send 2")
     th.expect_ok(th.buffer_status(bufs[2]), "buffer 2")
     th.assert_same_bytes(th.read_back(bufs[2], specs[2]), datas[2], "buffer 2")
     assert not th.is_buffer_ready(bufs[0]) and not th.is_buffer_ready(bufs[1])
-    evs = xh.send(c0, srcs[:2], [2, 2], keys[:2])
+    evs = xh.send(c0, srcs[:2], [r_dev.id()] * 2, keys[:2])
     check_all_arrived(bufs[:2], evs, specs[:2], datas[:2])
 
 
@@ -195,8 +202,8 @@ def test_v2_received_buffer_copies_to_the_receivers_other_device(xh, pair):
 
 def test_v2_reverse_direction_node1_to_node0(xh, pair):
     c0, c1 = pair
-    n1 = c1.addressable_devices()[1]  # global 3
-    n0 = c0.addressable_devices()[1]  # global 1
+    n1 = c1.addressable_devices()[1]  # node 1's second device
+    n0 = c0.addressable_devices()[1]  # node 0's second device
     s = spec(BT.S64, 50)
     d = th.make_data(s, 99)
     src = th.upload(c1, n1, s, d)
@@ -220,8 +227,8 @@ def test_v2_shape_or_dtype_mismatch_fails_both_sides_with_invalid_argument(
     c0, c1 = pair
     s_dev, r_dev, _ = devs(c0, c1)
     src = th.upload(c0, s_dev, send_spec, th.make_data(send_spec, 1))
-    bufs = xh.receive(c1, r_dev, [recv_spec], [0], [55])
-    evs = xh.send(c0, [src], [2], [55])
+    bufs = xh.receive(c1, r_dev, [recv_spec], [s_dev.id()], [55])
+    evs = xh.send(c0, [src], [r_dev.id()], [55])
     th.expect_code(th.wait_event(evs[0]), EC.INVALID_ARGUMENT, "send event")
     th.expect_code(th.buffer_status(bufs[0]), EC.INVALID_ARGUMENT, "receive buffer")
     th.wait_keys_retired(c0, c1)
@@ -236,8 +243,9 @@ def test_v2_addressable_peer_device_is_invalid_argument(xh, auto_pair):
     assert e.value.code == EC.INVALID_ARGUMENT
     assert "between an addressable and a non-addressable device" in e.value.message
     src = th.upload(c0, s_dev, s, th.make_data(s, 0))
+    s_dev2 = c0.addressable_devices()[1]  # the sender's own other device
     with pytest.raises(pc.PjrtError) as e:
-        xh.send(c0, [src], [1], [1])
+        xh.send(c0, [src], [s_dev2.id()], [1])
     assert e.value.code == EC.INVALID_ARGUMENT
     assert "between an addressable and a non-addressable device" in e.value.message
 
@@ -247,10 +255,12 @@ def test_v2_receive_device_must_be_addressable_and_peer_must_exist(xh, auto_pair
     s = spec(BT.F32, 4)
     remote = [d for d in c1.devices() if not d.is_addressable()][0]
     with pytest.raises(pc.PjrtError) as e:
-        xh.receive(c1, remote, [s], [0], [1])
+        xh.receive(c1, remote, [s], [th.device_ids(c1, 0)[0]], [1])
     assert e.value.code == EC.INVALID_ARGUMENT
+    missing = 17  # a device id in neither numbering (0..3, or 0,1,2048,2049)
+    assert missing not in [d.id() for d in c1.devices()]
     with pytest.raises(pc.PjrtError) as e:
-        xh.receive(c1, c1.addressable_devices()[0], [s], [17], [1])
+        xh.receive(c1, c1.addressable_devices()[0], [s], [missing], [1])
     assert e.value.code == EC.INVALID_ARGUMENT
 
 
@@ -271,8 +281,8 @@ def test_v2_accepts_the_jax_and_v8_struct_sizes(xh, auto_pair, sizes):
     s = spec(BT.U16, 33)
     d = th.make_data(s, 5)
     src = th.upload(c0, s_dev, s, d)
-    bufs = xh.receive(c1, r_dev, [s], [0], [3], struct_size=sizes[0])
-    evs = xh.send(c0, [src], [2], [3], struct_size=sizes[1])
+    bufs = xh.receive(c1, r_dev, [s], [s_dev.id()], [3], struct_size=sizes[0])
+    evs = xh.send(c0, [src], [r_dev.id()], [3], struct_size=sizes[1])
     check_all_arrived(bufs, evs, [s], [d])
 
 
@@ -304,23 +314,24 @@ def test_v2_same_transfer_key_reused_after_completion_waits_for_the_new_send(xh,
     s = spec(BT.S32, 64)
     d1, d2 = th.make_data(s, 1), th.make_data(s, 2)
     src1, src2 = th.upload(c0, s_dev, s, d1), th.upload(c0, s_dev, s, d2)
-    b1 = xh.receive(c1, r_dev, [s], [0], [7])
-    e1 = xh.send(c0, [src1], [2], [7])
+    b1 = xh.receive(c1, r_dev, [s], [s_dev.id()], [7])
+    e1 = xh.send(c0, [src1], [r_dev.id()], [7])
     check_all_arrived(b1, e1, [s], [d1])
     th.wait_keys_retired(c1)
-    b2 = xh.receive(c1, r_dev, [s], [0], [7])
+    b2 = xh.receive(c1, r_dev, [s], [s_dev.id()], [7])
     time.sleep(0.1)
     assert not th.is_buffer_ready(b2[0]), "second receive on a reused key completed with no sender"
-    e2 = xh.send(c0, [src2], [2], [7])
+    e2 = xh.send(c0, [src2], [r_dev.id()], [7])
     check_all_arrived(b2, e2, [s], [d2])
 
 
 def test_v2_receive_without_sender_times_out_with_deadline_exceeded(api, xh):
     c0, c1 = th.make_pair(api, receive_timeout_ms=300)
     try:
-        _, r_dev, _ = devs(c0, c1)
+        s_dev, r_dev, _ = devs(c0, c1)
         t0 = time.monotonic()
-        bufs = xh.receive(c1, r_dev, [spec(BT.F32, 8), spec(BT.U8, 0)], [0, 0], [1, 2])
+        specs = [spec(BT.F32, 8), spec(BT.U8, 0)]
+        bufs = xh.receive(c1, r_dev, specs, [s_dev.id()] * 2, [1, 2])
         for b in bufs:
             th.expect_code(th.buffer_status(b, timeout=5), EC.DEADLINE_EXCEEDED, "receive")
         elapsed = time.monotonic() - t0
@@ -339,7 +350,7 @@ def test_v2_send_without_receiver_times_out(api, xh):
         s = spec(BT.F32, 8)
         src = th.upload(c0, c0.addressable_devices()[0], s, th.make_data(s, 0))
         t0 = time.monotonic()
-        ev = xh.send(c0, [src], [2], [1])[0]
+        ev = xh.send(c0, [src], [th.device_ids(c0, 1)[0]], [1])[0]
         th.expect_code(th.wait_event(ev, timeout=5), EC.DEADLINE_EXCEEDED, "send")
         assert time.monotonic() - t0 < 3.0
     finally:
@@ -353,9 +364,9 @@ def test_v2_with_the_same_task_snapshot_on_both_sides_transfers(xh, pair):
     s = spec(BT.F32, 40)
     d = th.make_data(s, 61)
     src = th.upload(c0, s_dev, s, d)
-    tasks = {0: 11, 1: 22}
-    bufs = xh.receive(c1, r_dev, [s], [0], [8], tasks=tasks)
-    evs = xh.send(c0, [src], [2], [8], tasks=tasks)
+    tasks = {0: 11, 1: 22}  # task ids are process indices, not device ids
+    bufs = xh.receive(c1, r_dev, [s], [s_dev.id()], [8], tasks=tasks)
+    evs = xh.send(c0, [src], [r_dev.id()], [8], tasks=tasks)
     check_all_arrived(bufs, evs, [s], [d])
 
 
@@ -363,13 +374,13 @@ def test_v2_a_restarted_peer_fails_the_pending_receives_with_aborted(xh, auto_pa
     """v8: a snapshot in which the peer's incarnation changed means the peer
     restarted: receives waiting on it fail now, not at the deadline."""
     c0, c1 = auto_pair
-    _, r_dev, _ = devs(c0, c1)
+    s_dev, r_dev, _ = devs(c0, c1)
     s = spec(BT.S32, 4)
-    (pending,) = xh.receive(c1, r_dev, [s], [0], [1], tasks={0: 1, 1: 5})
+    (pending,) = xh.receive(c1, r_dev, [s], [s_dev.id()], [1], tasks={0: 1, 1: 5})
     time.sleep(0.02)
     assert not th.is_buffer_ready(pending)
     # A later call carries a snapshot where task 0 has a new incarnation.
-    (other,) = xh.receive(c1, r_dev, [s], [0], [2], tasks={0: 2, 1: 5})
+    (other,) = xh.receive(c1, r_dev, [s], [s_dev.id()], [2], tasks={0: 2, 1: 5})
     st = th.buffer_status(pending, timeout=5)
     th.expect_code(st, EC.ABORTED, "receive from the restarted peer")
     assert not th.is_buffer_ready(other), "the new-incarnation receive must stay pending"
@@ -377,11 +388,12 @@ def test_v2_a_restarted_peer_fails_the_pending_receives_with_aborted(xh, auto_pa
 
 def test_v2_num_tasks_without_arrays_is_invalid_argument(xh, auto_pair):
     c0, c1 = auto_pair
+    s_dev, r_dev, _ = devs(c0, c1)  # valid ids: only the NULL task arrays are wrong
     with pytest.raises(pc.PjrtError) as e:
-        xh.receive(c1, c1.addressable_devices()[0], [spec(BT.F32, 1)], [0], [1], tasks=("null", 2))
+        xh.receive(c1, r_dev, [spec(BT.F32, 1)], [s_dev.id()], [1], tasks=("null", 2))
     assert e.value.code == EC.INVALID_ARGUMENT
     s = spec(BT.F32, 1)
-    src = th.upload(c0, c0.addressable_devices()[0], s, th.make_data(s, 0))
+    src = th.upload(c0, s_dev, s, th.make_data(s, 0))
     with pytest.raises(pc.PjrtError) as e:
-        xh.send(c0, [src], [2], [1], tasks=("null", 1))
+        xh.send(c0, [src], [r_dev.id()], [1], tasks=("null", 1))
     assert e.value.code == EC.INVALID_ARGUMENT

@@ -11,7 +11,9 @@ Everything here drives the plugin through its C ABI with ctypes:
 * :class:`PjrtKvCallbacks` implements the PJRT KV callbacks (get / try_get /
   put, plus the plugin's delete extension) over a :class:`kv_server.KvClient`
   so that two *processes* share one store owned by the test;
-* :func:`metrics` reads ``pjrt_crosshost_metrics_json``.
+* :func:`metrics` reads ``pjrt_crosshost_metrics_json``;
+* :func:`device_ids` / :func:`expected_pair_ids` give the global device ids
+  of a job, so the tests hold whichever numbering the plugin's mode uses.
 
 Every wait is bounded: helpers take a timeout and raise ``TimeoutError``.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 import time
 import uuid
@@ -222,6 +225,31 @@ def create_concurrently(makers, timeout: float = 30.0) -> list:
                 r.destroy()
         raise bad[0]
     return results
+
+
+def device_ids(client: pc.Client, process_index: int) -> list:
+    """The global ids of process ``process_index``'s devices, in the order of
+    ``client.devices()`` (any client of the job sees every device).
+
+    The tests name devices by these ids instead of literals because the
+    numbering depends on the plugin's mode (see :func:`expected_pair_ids`)."""
+    ids = [d.id() for d in client.devices() if d.process_index() == process_index]
+    assert ids, f"no device of process {process_index} in {[d.id() for d in client.devices()]}"
+    return ids
+
+
+def expected_pair_ids() -> list:
+    """The exact global device ids of a two-process job with two devices per
+    process, in ``client.devices()`` order.
+
+    The embedded host backend numbers devices in process order (process 0
+    has 0,1, process 1 has 2,3). With PJRT_CROSSHOST_COMPUTE_PLUGIN set
+    (read when the library is loaded; peer processes inherit it) the plugin
+    delegates to an XLA CPU plugin, which numbers the devices of a
+    multi-process job ``2048 * process_index + i``."""
+    if os.environ.get("PJRT_CROSSHOST_COMPUTE_PLUGIN"):
+        return [0, 1, 2048, 2049]
+    return [0, 1, 2, 3]
 
 
 def make_pair(api: pc.Api, transport: str | None = None, num_devices=(2, 2), **extra):
