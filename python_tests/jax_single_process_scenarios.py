@@ -145,12 +145,18 @@ def round_trips() -> None:
     # Python scalars and lists.
     same(np.asarray(jax.device_put(3.5, devs[1])), np.asarray(3.5), "python float")
     same(np.asarray(jax.device_put([1, 2, 3], devs[0])), np.asarray([1, 2, 3]), "python list")
-    # The source array may change after device_put: the device copy must not.
-    src = np.arange(64, dtype=np.int32)
-    y = jax.device_put(src, devs[0])
-    y.block_until_ready()
-    src[:] = -1
-    same(np.asarray(y), np.arange(64, dtype=np.int32), "host buffer reused after device_put")
+    # The source array may change after device_put: the device copy must not
+    # (64-byte aligned, so a plugin that aliased zero-copy host data, as
+    # XLA's CPU plugin does with aligned input, would show it every time).
+    for n in (64, 1 << 18):
+        backing = np.empty(n + 16, dtype=np.int32)
+        start = (-backing.ctypes.data % 64) // 4
+        src = backing[start : start + n]
+        src[:] = np.arange(n, dtype=np.int32)
+        y = jax.device_put(src, devs[0])
+        y.block_until_ready()
+        src[:] = -1
+        same(np.asarray(y), np.arange(n, dtype=np.int32), f"host buffer of {n} reused after device_put")
     print(f"{count} round trips")
 
 

@@ -218,6 +218,19 @@ pub(crate) unsafe extern "C" fn PJRT_Client_BufferFromHostBuffer(
     let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
         // XLA aborts the process on an unknown element type.
         ElementType::from_raw((*raw).type_, F)?;
+        // Zero-copy is a permission, not an order: JAX asks a platform it
+        // does not know as CPU for it with numpy arrays the program may
+        // still change, and XLA's CPU plugin would alias them (measured,
+        // JAX 0.10.2 and 0.12). The bytes are copied, as JAX's own CPU
+        // backend does.
+        let _semantics = ((*raw).host_buffer_semantics
+            == PJRT_HostBufferSemantics_kImmutableZeroCopy)
+            .then(|| {
+                substitute(
+                    addr_of_mut!((*raw).host_buffer_semantics),
+                    PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+                )
+            });
         if (*raw).num_dims > 0 && (*raw).dims.is_null() {
             return Err(invalid_argument(format!("{F}: dims is null")));
         }
