@@ -1,6 +1,7 @@
 # pjrt-crosshost — the commands a person (and CI) runs. See README.md.
 #   make demo   the main job: build the plugin and run the benchmark
-#   make test   every test: cargo tests (incl. the C host program) + python_tests
+#   make test   every test (scripts/test.sh): cargo tests, python_tests on both
+#               backends, the JAX tests on JAX 0.10.2 and 0.12
 PYTHON ?= python3
 LIB := $(CURDIR)/target/release/libpjrt_crosshost.so
 
@@ -13,8 +14,7 @@ build: setup
 	cargo build --release
 
 test: setup build
-	cargo test --release
-	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) -m pytest python_tests -q
+	PYTHON=$(PYTHON) PJRT_CROSSHOST_LIB=$(LIB) scripts/test.sh
 
 demo: setup build
 	cargo run --release --bin crosshost-bench

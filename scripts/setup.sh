@@ -5,6 +5,14 @@
 #   - pytest and numpy for python_tests/, from PyPI;
 #   - jax and jaxlib 0.10.2 for python_tests/test_jax_*.py, from PyPI (a
 #     failure only warns: those tests then skip, saying why);
+#   - the compute plugins the delegation tests run on: fastatomstruct-xla-cpu
+#     (the default, what `pip install pjrt-crosshost[cpu]` brings) from PyPI,
+#     and lammps-jax-pjrt-cpu unpacked into .cache/compute-plugins/ (its wheel
+#     requires jax<=0.11.2, so it is not installed); pypjrt for its
+#     conformance harness;
+#   - Python 3.12 (pyenv's 3.12.1, or $PYTHON312) with jax/jaxlib 0.12.0.1,
+#     pytest, numpy and the default compute plugin, for the JAX tests on the
+#     newest JAX (missing 3.12 only warns: scripts/test.sh then says so);
 #   - the PJRT C API header (scripts/fetch-pjrt-header.sh, hash-checked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +54,55 @@ if ! "$PYTHON" -c "import jax, jaxlib, sys; sys.exit(not (jax.__version__ == jax
      ! "$PYTHON" -m pip install --quiet --break-system-packages "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION"; then
     say "WARNING: could not install jax/jaxlib $JAX_VERSION; the JAX tests will be skipped"
   fi
+fi
+
+pip_install() {
+  local py="$1"; shift
+  "$py" -m pip install --quiet "$@" || "$py" -m pip install --quiet --break-system-packages "$@"
+}
+
+COMPUTE_CPU="fastatomstruct-xla-cpu==2026.6.23"
+if ! "$PYTHON" -c "import fastatomstruct_xla_cpu, pypjrt" >/dev/null 2>&1; then
+  say "installing $COMPUTE_CPU and pypjrt==0.1.1 with pip"
+  pip_install "$PYTHON" "$COMPUTE_CPU" "pypjrt==0.1.1" ||
+    say "WARNING: could not install $COMPUTE_CPU / pypjrt; the delegation tests will be skipped"
+fi
+
+LAMMPS_DIR=.cache/compute-plugins
+if [ ! -f "$LAMMPS_DIR/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so" ]; then
+  say "unpacking lammps-jax-pjrt-cpu==0.11.2 into $LAMMPS_DIR (not installed: it requires jax<=0.11.2)"
+  mkdir -p .cache/wheels "$LAMMPS_DIR"
+  if "$PYTHON" -m pip download --quiet --no-deps --dest .cache/wheels "lammps-jax-pjrt-cpu==0.11.2"; then
+    "$PYTHON" -m zipfile -e .cache/wheels/lammps_jax_pjrt_cpu-0.11.2-*.whl "$LAMMPS_DIR"
+  else
+    say "WARNING: could not fetch lammps-jax-pjrt-cpu; its delegation tests will be skipped"
+  fi
+fi
+
+# The newest JAX needs Python 3.12.
+PYTHON312="${PYTHON312:-}"
+if [ -z "$PYTHON312" ]; then
+  # A pyenv shim answers to python3.12 even when 3.12 is not selected, so
+  # each candidate must really run as 3.12.
+  for candidate in "$HOME/.pyenv/versions/3.12.1/bin/python" /root/.pyenv/versions/3.12.1/bin/python \
+      "$(command -v python3.12 || true)"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ] &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1; then
+      PYTHON312="$candidate"; break
+    fi
+  done
+fi
+if [ -n "$PYTHON312" ]; then
+  JAX12=0.12.0.1
+  if ! "$PYTHON312" -c "import jax, jaxlib, pytest, numpy, fastatomstruct_xla_cpu, sys; sys.exit(jax.__version__ != '$JAX12')" >/dev/null 2>&1; then
+    say "installing jax==$JAX12, pytest, numpy and $COMPUTE_CPU for $PYTHON312"
+    pip_install "$PYTHON312" "jax==$JAX12" "jaxlib==$JAX12" pytest numpy "$COMPUTE_CPU" ||
+      say "WARNING: could not set up JAX $JAX12 on $PYTHON312; its tests will be skipped"
+  fi
+  echo "$PYTHON312" > .cache/python312
+else
+  say "WARNING: no Python 3.12 found (set PYTHON312); the JAX 0.12 tests will be skipped"
+  rm -f .cache/python312
 fi
 
 scripts/fetch-pjrt-header.sh

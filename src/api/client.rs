@@ -58,14 +58,36 @@ fn open_compute(options: &ClientOptions) -> Result<Option<Arc<ComputeClient>>> {
         },
     };
     let plugin = compute_plugin::load(&path)?;
-    let inner = inner_options(options, plugin.family());
+    let inner = inner_options(options, plugin.family())?;
     ComputeClient::create(plugin, &inner).map(Some)
+}
+
+/// Create options of XLA's CPU plugin and the value type each must have:
+/// its 0.106 build aborts the process (bad_variant_access) on another type.
+const CPU_OPTION_TYPES: &[(&str, &str)] = &[
+    ("cpu_device_count", "int64"),
+    ("process_id", "int64"),
+    ("max_inflight_computations_per_device", "int64"),
+    ("asynchronous", "bool"),
+];
+
+fn check_cpu_option(name: &str, value: &OptionValue) -> Result<()> {
+    let Some((_, wanted)) = CPU_OPTION_TYPES.iter().find(|(n, _)| *n == name) else {
+        return Ok(());
+    };
+    if value.type_name() == *wanted {
+        return Ok(());
+    }
+    Err(invalid_argument(format!(
+        "PJRT_Client_Create: create option 'compute.{name}' must be {wanted} for XLA's CPU plugin, got {}",
+        value.type_name()
+    )))
 }
 
 /// The compute plugin's create options: for XLA's CPU plugin our device
 /// count and (in a multi-process job) our node id as its process id; then
 /// the caller's `compute.*` options, which override ours.
-fn inner_options(options: &ClientOptions, family: PluginFamily) -> InnerOptions {
+fn inner_options(options: &ClientOptions, family: PluginFamily) -> Result<InnerOptions> {
     let mut inner: InnerOptions = Vec::new();
     if family == PluginFamily::Cpu {
         inner.push((
@@ -80,6 +102,9 @@ fn inner_options(options: &ClientOptions, family: PluginFamily) -> InnerOptions 
         }
     }
     for (name, value) in &options.compute_options {
+        if family == PluginFamily::Cpu {
+            check_cpu_option(name, value)?;
+        }
         let value = match value {
             OptionValue::Str(s) => AttributeValue::Str(s.clone()),
             OptionValue::Int(i) => AttributeValue::Int(*i),
@@ -90,7 +115,7 @@ fn inner_options(options: &ClientOptions, family: PluginFamily) -> InnerOptions 
         inner.retain(|(existing, _)| existing != name);
         inner.push((name.clone(), value));
     }
-    inner
+    Ok(inner)
 }
 
 /// Our global ids for the compute plugin's devices: its own where they are

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every test (`make test` runs this after setup and the release build):
+#   1. cargo tests (incl. the C host program and the forwarding-table mock);
+#   2. python_tests with the system Python (JAX 0.10.2), embedded backend and
+#      delegated JAX scenarios;
+#   3. the transfer and lifecycle tests again, delegating to the default
+#      compute plugin (XLA's CPU plugin), so both backends run them;
+#   4. the JAX tests with Python 3.12 and JAX 0.12.0.1, when setup found one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+export PJRT_CROSSHOST_LIB="${PJRT_CROSSHOST_LIB:-$PWD/target/release/libpjrt_crosshost.so}"
+# The suite chooses its compute plugin per test; an inherited one would
+# change what the embedded-backend tests see.
+unset PJRT_CROSSHOST_COMPUTE_PLUGIN
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "cargo test --release"
+cargo test --release
+
+step "pytest python_tests ($("$PYTHON" --version 2>&1))"
+"$PYTHON" -m pytest python_tests -q
+
+compute_plugin="$("$PYTHON" -c 'import fastatomstruct_xla_cpu as f; print(f.library_path())' 2>/dev/null || true)"
+if [ -n "$compute_plugin" ]; then
+  step "transfer and lifecycle tests, delegating to $compute_plugin"
+  PJRT_CROSSHOST_COMPUTE_PLUGIN="$compute_plugin" "$PYTHON" -m pytest -q \
+    python_tests/test_transfers_v1.py python_tests/test_transfers_v2.py \
+    python_tests/test_transfers_lifecycle.py python_tests/test_transfers_processes.py \
+    python_tests/test_transfers_layouts.py
+else
+  echo "SKIPPED: delegated transfer tests: fastatomstruct-xla-cpu is not installed (scripts/setup.sh installs it)"
+fi
+
+python312="$(cat .cache/python312 2>/dev/null || true)"
+if [ -n "$python312" ] && [ -x "$python312" ]; then
+  step "JAX tests with $("$python312" -c 'import jax; print("JAX", jax.__version__)')"
+  "$python312" -m pytest -q python_tests/test_jax_single_process.py python_tests/test_jax_two_process.py
+else
+  echo "SKIPPED: JAX 0.12 tests: no Python 3.12 (scripts/setup.sh looks for pyenv's 3.12.1 or \$PYTHON312)"
+fi
