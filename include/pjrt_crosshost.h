@@ -1,5 +1,5 @@
 /* pjrt_crosshost.h — the cross-host transfers extension (version-8 layout,
- * written from ABI-cross-host.md) and the plugin's own exports.
+ * written from docs/ABI-cross-host.md) and the plugin's own exports.
  *
  * Include after xla/pjrt/c/pjrt_c_api.h. Plain C: usable by bindgen, by C
  * programs and (by hand) from ctypes. */

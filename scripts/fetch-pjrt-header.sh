@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches pjrt_c_api.h (PJRT C API 0.114) from the PyPI sdist pypjrt==0.1.1,
-# verifies the sdist and header sha256 (DESIGN.md §9) and unpacks the header
+# verifies the sdist and header sha256 (docs/DESIGN.md §9) and unpacks the header
 # into pjrt_c_api/xla/pjrt/c/. The header is never committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

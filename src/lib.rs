@@ -1,5 +1,5 @@
 //! pjrt-crosshost: a PJRT C-API plugin that moves device buffers between hosts
-//! and processes, with a per-buffer completion lifecycle (see DESIGN.md).
+//! and processes, with a per-buffer completion lifecycle (see docs/DESIGN.md).
 pub mod api;
 pub mod backend;
 pub mod ffi;

@@ -1,4 +1,4 @@
-//! Scenario tests of the receive completion lifecycle (DESIGN.md §3, §7).
+//! Scenario tests of the receive completion lifecycle (docs/DESIGN.md §3, §7).
 //! Concurrency is driven by channels; "the runner has done its
 //! work" is observed by queueing a marker behind it on a one-thread runner.
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -878,7 +878,7 @@ fn run_races(seed: u64, buffers: u64) {
 
 #[test]
 fn randomized_success_cancel_error_timeout_races_have_exactly_one_outcome_each_and_leave_no_key() {
-    // 3 x 34,000 = 102,000 buffers: rule 8 of DESIGN.md §3 asks for 100k.
+    // 3 x 34,000 = 102,000 buffers: rule 8 of docs/DESIGN.md §3 asks for 100k.
     // About 2.5 s in release (make test), longer in debug.
     for seed in [1, 2, 3] {
         run_races(seed, 34_000);

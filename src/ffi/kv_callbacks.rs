@@ -203,9 +203,11 @@ impl RawKvCallbacks for PjrtKvCallbacks {
             value_size: 0,
             value_deleter_callback: None,
         };
+        crate::timeline!("kv get {key} (up to {timeout:?})");
         // SAFETY: a thread-safe callback given at client creation, called with
         // a fully initialised args struct that outlives the call.
         let error = unsafe { get(&mut args) };
+        crate::timeline!("kv get {key} returned (error: {})", !error.is_null());
         let what = format!("kv_get_callback({key:?})");
         if !error.is_null() {
             // SAFETY: a non-null error returned by the callback, ours to free.
@@ -243,6 +245,7 @@ impl RawKvCallbacks for PjrtKvCallbacks {
         };
         // SAFETY: as in `get`.
         let error = unsafe { try_get(&mut args) };
+        crate::timeline!("kv try_get {key} (found: {})", error.is_null());
         let what = format!("kv_try_get_callback({key:?})");
         if !error.is_null() {
             // SAFETY: a non-null error returned by the callback, ours to free.
@@ -271,8 +274,10 @@ impl RawKvCallbacks for PjrtKvCallbacks {
             callback_error: callback_error_ptr(),
             user_arg,
         };
+        crate::timeline!("kv put {key} ({} bytes)", value.len());
         // SAFETY: as in `get`; key and value outlive the call.
         let error = unsafe { put(&mut args) };
+        crate::timeline!("kv put {key} done");
         if error.is_null() {
             Ok(())
         } else {
@@ -291,8 +296,10 @@ impl RawKvCallbacks for PjrtKvCallbacks {
             callback_error: callback_error_ptr(),
             user_arg,
         };
+        crate::timeline!("kv delete {key}");
         // SAFETY: the extension's callback, thread-safe like the others.
         let error = unsafe { delete(&mut args) };
+        crate::timeline!("kv delete {key} done");
         Some(if error.is_null() {
             Ok(())
         } else {

@@ -2,6 +2,7 @@
 pub mod metrics;
 pub mod promise;
 pub mod runner;
+pub mod timeline;
 pub mod timer;
 
 pub use metrics::{Metrics, MetricsSnapshot};

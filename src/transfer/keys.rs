@@ -1,4 +1,4 @@
-//! Key names of the cross-host protocol (DESIGN.md §3 rule 6):
+//! Key names of the cross-host protocol (docs/DESIGN.md §3 rule 6):
 //!
 //! - completion key `crosshost/recv/<epoch>/<transfer_id>/<index>`: the
 //!   sender (or a cancel) writes the buffer's `Receipt` there;

@@ -1,6 +1,6 @@
 //! The cross-host protocol: key naming, receipts, descriptors, the session,
 //! the receive state machine (`recv_state.rs`, the completion lifecycle of
-//! DESIGN.md §3) and the send/receive service built on it.
+//! docs/DESIGN.md §3) and the send/receive service built on it.
 pub mod cuda_path;
 pub mod descriptor;
 pub mod host_destination;

@@ -1,4 +1,4 @@
-//! The life of one receive buffer (DESIGN.md §3). Everything that happens to
+//! The life of one receive buffer (docs/DESIGN.md §3). Everything that happens to
 //! a buffer between "the receiver named its completion key" and "the key is
 //! gone from the store" is in this file.
 //!
@@ -308,6 +308,7 @@ impl ReceiveTracker {
         let tracker: Weak<ReceiveTracker> = Arc::downgrade(self);
         let rx = rx.clone();
         Box::new(move |result| {
+            crate::timeline!("receive {}: AsyncGet fired", rx.key);
             if let Some(tracker) = tracker.upgrade() {
                 let runner = tracker.runner.clone();
                 runner.submit(move || tracker.on_signal(&rx, generation, result));
@@ -336,6 +337,7 @@ impl ReceiveTracker {
     // -- the AsyncGet fired (on the runner) -----------------------------------
 
     fn on_signal(self: &Arc<Self>, rx: &Arc<Receive>, generation: u64, result: Result<Vec<u8>>) {
+        crate::timeline!("receive {}: signal on the runner", rx.key);
         enum Next {
             Publish(Outcome),
             Rearm(Vec<u8>),
@@ -445,9 +447,11 @@ impl ReceiveTracker {
     /// outcome is recorded where the caller sees it.
     fn publish(&self, rx: &Receive, outcome: Outcome) {
         rx.promise.set(outcome.clone());
+        crate::timeline!("receive {}: published ({})", rx.key, outcome.is_ok());
         let record = rx.record.lock().take();
         if let Some(record) = record {
             record(&outcome);
+            crate::timeline!("receive {}: recorded", rx.key);
         }
     }
 
@@ -482,6 +486,7 @@ impl ReceiveTracker {
                 }
             }
         }
+        crate::timeline!("receive {}: keys retired", rx.key);
         *rx.phase.lock() = Phase::Retired;
         {
             let mut receives = self.receives.lock();

@@ -274,6 +274,7 @@ impl TransferService {
         placement: &DevicePlacement,
     ) -> Result<Vec<ReceiveDestination>> {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
+        crate::timeline!("receive_v2 of {} buffers", requests.len());
         if let Some(snapshot) = incarnations {
             self.observe_incarnations(snapshot);
         }
@@ -385,6 +386,10 @@ impl TransferService {
         placement: &DevicePlacement,
     ) -> Result<(ReceiveDestination, PendingReceive)> {
         let ReceiveRequest { spec, record } = request;
+        crate::timeline!(
+            "receive {key}: opening a {}-byte destination",
+            spec.byte_size
+        );
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
         let destination = if placement.is_host() {
@@ -411,6 +416,7 @@ impl TransferService {
             )?)
         };
         let (allocation, offset) = destination.location();
+        crate::timeline!("receive {key}: destination ready");
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
@@ -436,6 +442,7 @@ impl TransferService {
         let receive = self
             .tracker
             .begin_recording(key, nonce, extra_keys, record)?;
+        crate::timeline!("receive {key_name}: AsyncGet registered");
         if let Some(desc_key) = &descriptor_key {
             if let Err(e) = self.store.set(desc_key, &descriptor) {
                 let _ = receive.cancel(Status::new(
@@ -617,6 +624,7 @@ impl TransferService {
             let defined = defined.clone();
             let copies = service.copies.clone();
             copies.submit(move || {
+                crate::timeline!("send to {}: copy starts", descriptor.completion_key);
                 let copied = match defined {
                     Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
                     Err(status) => Err(CopyError::Failed(status)),
@@ -653,6 +661,10 @@ impl TransferService {
     }
 
     fn publish_receipt(&self, descriptor: &Descriptor, receipt: Receipt) -> Outcome {
+        crate::timeline!(
+            "send to {}: copied, setting the receipt",
+            descriptor.completion_key
+        );
         self.store
             .set(&descriptor.completion_key, &receipt.encode())
             .map_err(|e| {
@@ -744,6 +756,7 @@ impl TransferService {
         incarnations: Option<&[(i32, i64)]>,
     ) -> Result<Vec<Future>> {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        crate::timeline!("send_v2 of {} buffers", sources.len());
         if let Some(snapshot) = incarnations {
             self.observe_incarnations(snapshot);
         }
@@ -782,6 +795,7 @@ impl TransferService {
             let slot = slot.clone();
             let desc_key = desc_key.clone();
             move |value: Result<Vec<u8>>| {
+                crate::timeline!("send: descriptor {desc_key} arrived");
                 let Some(source) = slot.lock().take() else {
                     return;
                 };

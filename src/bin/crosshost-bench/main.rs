@@ -1,7 +1,7 @@
 //! crosshost-bench: the project's main job. Drives the plugin only through
 //! its C API (dlopen + GetPjrtApi), like a real runtime, and measures
 //! cross-process transfers on this host against memcpy measured in the same
-//! run, with the targets of DESIGN.md §10 beside the figures.
+//! run, with the targets of docs/DESIGN.md §10 beside the figures.
 //!
 //! With no flags: the parent (node 0, sender) owns the KV store and serves
 //! the child (node 1, receiver) over a Unix socket; both hand it to the

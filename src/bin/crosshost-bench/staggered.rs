@@ -1,4 +1,4 @@
-//! Staggered senders (DESIGN.md §10): buffers whose senders finish in
+//! Staggered senders (docs/DESIGN.md §10): buffers whose senders finish in
 //! reverse order, 1 ms apart. Measured twice in the same run on the same
 //! in-memory store: through the plugin's per-buffer lifecycle (one AsyncGet,
 //! promise and future per buffer), and through the old design, a blocking

@@ -1,5 +1,5 @@
 //! Measurements beside the transfers (memcpy, in-process latency) and the
-//! report table with the targets of DESIGN.md §10.
+//! report table with the targets of docs/DESIGN.md §10.
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -143,7 +143,7 @@ fn size_name(bytes: usize) -> String {
     }
 }
 
-/// JAX 0.10.2's socket transfer path on this kind of machine (DESIGN.md §10).
+/// JAX 0.10.2's socket transfer path on this kind of machine (docs/DESIGN.md §10).
 fn jax_reference_gbps(bytes: usize, batch: usize) -> Option<f64> {
     match (bytes, batch) {
         (b, 1) if b == 256 << 20 => Some(0.64),
@@ -207,7 +207,7 @@ pub fn print_report(
     );
     let find =
         |bytes: usize, batch: usize| rows.iter().find(|r| r.bytes == bytes && r.batch == batch);
-    println!("\ntargets (DESIGN.md §10), measured in this run:");
+    println!("\ntargets (docs/DESIGN.md §10), measured in this run:");
     let fresh = unpooled.gbps / memcpy.fresh_gbps;
     println!(
         "  {} cross-process, receiver pool off, >= 0.8x memcpy into fresh pages: {:.2}x  {}",

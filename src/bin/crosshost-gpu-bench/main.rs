@@ -1,7 +1,7 @@
 //! crosshost-gpu-bench: cross-process GPU transfer bandwidth and per-buffer
 //! completion latency through the plugin's C API (`backend=cuda`, CUDA IPC
 //! destinations), against a plain device-to-device copy measured in the same
-//! run (DESIGN.md §10: same-node cross-process copy ≥ 0.8× D2D).
+//! run (docs/DESIGN.md §10: same-node cross-process copy ≥ 0.8× D2D).
 //!
 //! Same two-process layout as `crosshost-bench` (whose C-API client and KV
 //! store it reuses): the parent (node 0) sends, the child (node 1) receives,
@@ -385,7 +385,7 @@ fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
     println!(
         "xfer: send call to last receiver ready event (median); D2D: cuMemcpyDtoD of the same \
          total bytes on device 0 in this run; notify: receiver ready minus sender's send event, \
-         per buffer. Target (DESIGN.md §10): ratio >= 0.8 at large sizes ('!' marks a miss)."
+         per buffer. Target (docs/DESIGN.md §10): ratio >= 0.8 at large sizes ('!' marks a miss)."
     );
     Ok(())
 }
