@@ -7,6 +7,7 @@ use crate::status::Result;
 
 pub mod callback;
 pub mod memory;
+pub mod peer;
 pub mod test_store;
 
 pub use callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
@@ -30,6 +31,9 @@ pub struct StoreCapabilities {
 /// Called once with the value (or the store's error) of an `async_get`.
 pub type GetCallback = Box<dyn FnOnce(Result<Vec<u8>>) + Send + 'static>;
 
+/// Called once with the outcome of a `set_async`.
+pub type SetCallback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
+
 /// The store contract.
 ///
 /// Waiters: the callback of `async_get`/`async_get_changed` runs exactly once,
@@ -43,6 +47,13 @@ pub trait KeyValueStore: Send + Sync {
     fn try_get(&self, key: &str) -> Result<Vec<u8>>;
     /// Stores `value`; `ALREADY_EXISTS` if present and the store cannot overwrite.
     fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// `set`, reporting to `done` once the value is stored, without blocking
+    /// the caller where the store can avoid it (the peer store writes to a
+    /// peer and returns; the ack completes `done`). `done` may run on the
+    /// caller's thread.
+    fn set_async(&self, key: &str, value: &[u8], done: SetCallback) {
+        done(self.set(key, value));
+    }
     /// Removes `key`; deleting an absent key is not an error. `UNIMPLEMENTED`
     /// if `capabilities().can_delete` is false.
     fn delete(&self, key: &str) -> Result<()>;

@@ -102,6 +102,39 @@ pub fn descriptor_key(epoch: &str, transfer_id: i64, index: u64) -> Result<Strin
     Ok(CompletionKey::new(epoch, transfer_id, index)?.descriptor_key())
 }
 
+/// Who reads a transfer key, as its name says: the receiving device of a v2
+/// pair (completion keys), the receiving process of a v1 transfer, or the
+/// sending device of a v2 pair (descriptor keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyReader {
+    Device(i32),
+    Process(i32),
+}
+
+/// The reader of a key named by this module, from its epoch segment
+/// (`<session>.d<src>-<dst>[.i<a>-<b>]` for v2 pairs, `<session>.v1.p<i>`
+/// for v1); `None` for any other name.
+pub fn reader_of(key: &str) -> Option<KeyReader> {
+    let (completion, rest) = match (key.strip_prefix(RECV_PREFIX), key.strip_prefix(DESC_PREFIX)) {
+        (Some(rest), _) => (true, rest),
+        (_, Some(rest)) => (false, rest),
+        _ => return None,
+    };
+    let epoch = rest.split('/').next()?;
+    let mut parts = epoch.split('.').skip(1);
+    match parts.next()? {
+        "v1" if completion => {
+            let process = parts.next()?.strip_prefix('p')?;
+            Some(KeyReader::Process(process.parse().ok()?))
+        }
+        pair => {
+            let (src, dst) = pair.strip_prefix('d')?.split_once('-')?;
+            let (src, dst): (i32, i32) = (src.parse().ok()?, dst.parse().ok()?);
+            Some(KeyReader::Device(if completion { dst } else { src }))
+        }
+    }
+}
+
 impl fmt::Display for CompletionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name)
@@ -120,6 +153,24 @@ mod tests {
         assert_eq!(key.descriptor_key(), "crosshost/desc/s1a2.i0-3/-7/2");
         assert_eq!(descriptor_key("e", 1, 0).unwrap(), "crosshost/desc/e/1/0");
         assert_eq!(CompletionKey::parse(key.as_str()).unwrap(), key);
+    }
+
+    #[test]
+    fn the_reader_of_each_kind_of_key_comes_from_its_name() {
+        let v2 = CompletionKey::new("5eed.d0-2048.i7-9", 3, 1).unwrap();
+        assert_eq!(reader_of(v2.as_str()), Some(KeyReader::Device(2048)));
+        assert_eq!(reader_of(&v2.descriptor_key()), Some(KeyReader::Device(0)));
+        let v1 = CompletionKey::new("5eed.v1.p1", 0, 0).unwrap();
+        assert_eq!(reader_of(v1.as_str()), Some(KeyReader::Process(1)));
+        for other in [
+            "crosshost/session/job/epoch",
+            "crosshost/recv/5eed/1/0",
+            "crosshost/desc/5eed.v1.p1/0/0",
+            "crosshost/recv/5eed.dx-1/0/0",
+            "unrelated",
+        ] {
+            assert_eq!(reader_of(other), None, "{other}");
+        }
     }
 
     #[test]

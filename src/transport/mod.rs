@@ -16,6 +16,7 @@
 //! process" additionally by the process id in the descriptor.
 pub mod auth_token;
 pub mod claim;
+pub mod control;
 pub mod copy;
 pub mod destination;
 pub mod host_identity;

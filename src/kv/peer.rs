@@ -1,0 +1,380 @@
+//! `PeerStore`: the job's transfer keys, each kept by the process that reads
+//! it and written by its peers over control links (`transport/control.rs`).
+//!
+//! Every transfer key has exactly one reader: a completion key is awaited by
+//! the receiving process, a descriptor key by the sending one. So each
+//! process keeps the keys it reads in a local `MemoryStore` (its AsyncGets
+//! are event-driven, no polling) and a `set` or `delete` of a key another
+//! process reads goes to that process's store over the link, acknowledged
+//! before it returns. A router, given by the transfer layer, names each
+//! key's reader. The lifecycle is unchanged: one completion key, one
+//! AsyncGet, one promise per buffer, the key deleted after publication; it
+//! just never leaves the two processes of the transfer, so a framework's
+//! coordination service sees no transfer keys at all and no round trip
+//! through it sits on a transfer's critical path.
+//!
+//! A link that closes (the peer exited or died) is reported to the transfer
+//! layer, which fails the receives waiting on that peer at once. Deleting a
+//! key held by such a peer succeeds when no new link to it opens: the key
+//! was in that process's memory and is gone with it.
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::{GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, WaiterId};
+use crate::status::{self, Result};
+use crate::transport::control::{
+    ControlConfig, ControlEndpoint, ControlHandler, ControlLink, ControlServer, Secret,
+};
+
+/// Names the process that reads a key (`None`: not a key of this store).
+pub type KeyRouter = Box<dyn Fn(&str) -> Option<u32> + Send + Sync>;
+
+/// How to reach one peer.
+#[derive(Clone, Debug)]
+pub struct PeerAddress {
+    pub endpoint: ControlEndpoint,
+    pub same_host: bool,
+}
+
+/// Called with a peer whose link closed.
+pub type PeerLost = Box<dyn Fn(u32) + Send + Sync>;
+
+struct Local {
+    store: MemoryStore,
+    on_peer_lost: Mutex<Option<PeerLost>>,
+    /// Peers whose link closed, until a new link to them opens.
+    lost: Mutex<std::collections::HashSet<u32>>,
+}
+
+impl ControlHandler for Local {
+    fn set(&self, _from: u32, key: &str, value: &[u8]) -> Result<()> {
+        self.store.set(key, value)
+    }
+
+    fn delete(&self, _from: u32, key: &str) -> Result<()> {
+        self.store.delete(key)
+    }
+
+    fn peer_closed(&self, process: u32) {
+        self.lost.lock().insert(process);
+        if let Some(lost) = &*self.on_peer_lost.lock() {
+            lost(process);
+        }
+    }
+}
+
+type LinkSlot = Arc<Mutex<Option<Arc<ControlLink>>>>;
+
+pub struct PeerStore {
+    me: u32,
+    secret: Secret,
+    local: Arc<Local>,
+    server: ControlServer,
+    router: Mutex<Option<KeyRouter>>,
+    peers: Mutex<HashMap<u32, PeerAddress>>,
+    links: Mutex<HashMap<u32, LinkSlot>>,
+    timeout: Duration,
+}
+
+impl PeerStore {
+    /// Starts this process's control server; peers and the router come with
+    /// the session (`connect`).
+    pub fn start(
+        me: u32,
+        secret: Secret,
+        tcp_bind: std::net::IpAddr,
+        timeout: Duration,
+    ) -> Result<Arc<PeerStore>> {
+        let local = Arc::new(Local {
+            store: MemoryStore::new(),
+            on_peer_lost: Mutex::new(None),
+            lost: Mutex::default(),
+        });
+        let weak: Weak<dyn ControlHandler> =
+            Arc::downgrade(&(local.clone() as Arc<dyn ControlHandler>));
+        let server = ControlServer::start(
+            tcp_bind,
+            secret,
+            weak,
+            ControlConfig {
+                request_timeout: timeout,
+                ..ControlConfig::default()
+            },
+        )?;
+        Ok(Arc::new(PeerStore {
+            me,
+            secret,
+            local,
+            server,
+            router: Mutex::new(None),
+            peers: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
+            timeout,
+        }))
+    }
+
+    /// Where peers reach this process.
+    pub fn endpoint(&self) -> &ControlEndpoint {
+        self.server.endpoint()
+    }
+
+    /// The job's peers, and which process reads each key.
+    pub fn connect(&self, peers: HashMap<u32, PeerAddress>, router: KeyRouter) {
+        *self.peers.lock() = peers;
+        *self.router.lock() = Some(router);
+    }
+
+    /// Called with a peer whose link closed.
+    pub fn on_peer_lost(&self, lost: PeerLost) {
+        *self.local.on_peer_lost.lock() = Some(lost);
+    }
+
+    /// Keys this process holds for its own reads.
+    pub fn local_keys(&self) -> usize {
+        self.local.store.len()
+    }
+
+    fn reader_of(&self, key: &str) -> Result<u32> {
+        let router = self.router.lock();
+        let route = router.as_ref().ok_or_else(|| {
+            status::failed_precondition("peer store: not connected to the job yet")
+        })?;
+        route(key).ok_or_else(|| {
+            status::invalid_argument(format!("peer store: {key:?} is not a transfer key"))
+        })
+    }
+
+    fn link(&self, peer: u32) -> Result<Arc<ControlLink>> {
+        // One slot per peer, locked while connecting: two threads that both
+        // find no link must not both connect, since the loser's link would
+        // be dropped (and closed) under the requests already sent on it.
+        let slot = self.links.lock().entry(peer).or_default().clone();
+        let mut slot = slot.lock();
+        if let Some(link) = slot.as_ref().filter(|l| !l.is_broken()) {
+            return Ok(link.clone());
+        }
+        let address = self.peers.lock().get(&peer).cloned().ok_or_else(|| {
+            status::invalid_argument(format!("peer store: process {peer} is not in this job"))
+        })?;
+        let link = ControlLink::connect(
+            peer,
+            &address.endpoint,
+            address.same_host,
+            self.me,
+            self.secret,
+            self.timeout,
+            Some(self.on_link_closed()),
+        )?;
+        self.local.lost.lock().remove(&peer);
+        *slot = Some(link.clone());
+        Ok(link)
+    }
+
+    /// A closed link from our side means the same as one from theirs.
+    fn on_link_closed(&self) -> crate::transport::control::LinkClosed {
+        let local = Arc::downgrade(&self.local);
+        Arc::new(move |peer| {
+            if let Some(local) = local.upgrade() {
+                local.peer_closed(peer);
+            }
+        })
+    }
+
+    /// The store of `key`'s reader: ours, or the link to it.
+    fn remote(&self, key: &str) -> Result<Option<Arc<ControlLink>>> {
+        let reader = self.reader_of(key)?;
+        if reader == self.me {
+            Ok(None)
+        } else {
+            self.link(reader).map(Some)
+        }
+    }
+
+    fn local_only(&self, key: &str, what: &str) -> Result<()> {
+        match self.reader_of(key) {
+            Ok(reader) if reader == self.me => Ok(()),
+            Ok(reader) => Err(status::failed_precondition(format!(
+                "peer store: {what} of {key:?}, which process {reader} reads"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl KeyValueStore for PeerStore {
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.local_only(key, "get")?;
+        self.local.store.get(key, timeout)
+    }
+
+    fn try_get(&self, key: &str) -> Result<Vec<u8>> {
+        self.local_only(key, "try_get")?;
+        self.local.store.try_get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        match self.remote(key)? {
+            None => self.local.store.set(key, value),
+            Some(link) => link.set(key, value),
+        }
+    }
+
+    fn set_async(&self, key: &str, value: &[u8], done: SetCallback) {
+        match self.remote(key) {
+            Err(e) => done(Err(e)),
+            Ok(None) => done(self.local.store.set(key, value)),
+            Ok(Some(link)) => link.set_async(key, value, done),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let reader = self.reader_of(key)?;
+        if reader == self.me {
+            return self.local.store.delete(key);
+        }
+        match self.link(reader) {
+            Ok(link) => link.delete(key),
+            // The key lived in that process's memory: a peer whose link
+            // closed and that takes no new one is gone, and the key with it.
+            Err(e) if self.local.lost.lock().contains(&reader) => {
+                log::debug!("peer store: {key:?} went with process {reader} ({e})");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
+        self.local_only(key, "async_get")?;
+        self.local.store.async_get(key, callback)
+    }
+
+    fn async_get_changed(
+        &self,
+        key: &str,
+        stale: &[u8],
+        callback: GetCallback,
+    ) -> Result<WaiterId> {
+        self.local_only(key, "async_get_changed")?;
+        self.local.store.async_get_changed(key, stale, callback)
+    }
+
+    fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {
+        self.local.store.cancel_async_get(key, id)
+    }
+
+    fn capabilities(&self) -> StoreCapabilities {
+        StoreCapabilities {
+            can_delete: true,
+            can_overwrite: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Code;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    /// Processes 0 and 1 of one job; a key `for<N>/...` is read by process N.
+    fn pair() -> (Arc<PeerStore>, Arc<PeerStore>) {
+        let secret = Secret::generate().unwrap();
+        let start = |me| {
+            PeerStore::start(
+                me,
+                secret,
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                Duration::from_secs(10),
+            )
+            .unwrap()
+        };
+        let stores = [start(0), start(1)];
+        let addresses: HashMap<u32, PeerAddress> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let address = PeerAddress {
+                    endpoint: s.endpoint().clone(),
+                    same_host: true,
+                };
+                (i as u32, address)
+            })
+            .collect();
+        for store in &stores {
+            let router: KeyRouter =
+                Box::new(|key: &str| key.strip_prefix("for")?.split('/').next()?.parse().ok());
+            store.connect(addresses.clone(), router);
+        }
+        let [a, b] = stores;
+        (a, b)
+    }
+
+    #[test]
+    fn a_key_lives_only_with_its_reader_and_is_set_and_deleted_there() {
+        let (p0, p1) = pair();
+        p0.set("for1/receipt", b"r").unwrap();
+        assert_eq!((p0.local_keys(), p1.local_keys()), (0, 1));
+        assert_eq!(p1.try_get("for1/receipt").unwrap(), b"r");
+        let err = p0.try_get("for1/receipt").unwrap_err();
+        assert_eq!(err.code, Code::FailedPrecondition, "{err}");
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        p1.set_async(
+            "for0/descriptor",
+            b"d",
+            Box::new(move |r| tx.send(r).unwrap()),
+        );
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(
+            p0.get("for0/descriptor", Duration::from_secs(1)).unwrap(),
+            b"d"
+        );
+        p0.delete("for1/receipt").unwrap();
+        assert_eq!(p1.local_keys(), 0);
+        let err = p0.set("elsewhere", b"x").unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument, "{err}");
+    }
+
+    #[test]
+    fn concurrent_first_writes_to_a_peer_share_one_link_and_all_land() {
+        let (p0, p1) = pair();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                let (p0, tx) = (&p0, tx.clone());
+                scope.spawn(move || {
+                    let tx = tx.clone();
+                    p0.set_async(
+                        &format!("for1/{t}"),
+                        b"v",
+                        Box::new(move |r| tx.send(r).unwrap()),
+                    );
+                });
+            }
+        });
+        for _ in 0..8 {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        }
+        assert_eq!(p1.local_keys(), 8);
+        assert_eq!(p1.server.connection_count(), 1);
+    }
+
+    #[test]
+    fn a_peer_that_goes_away_is_reported_and_its_keys_go_with_it() {
+        let (p0, p1) = pair();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        p0.on_peer_lost(Box::new(move |process| {
+            let _ = tx.send(process);
+        }));
+        p0.set("for1/receipt", b"r").unwrap();
+        drop(p1);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+        // Deleting what the gone process held succeeds; writing to it fails.
+        p0.delete("for1/receipt").unwrap();
+        let err = p0.set("for1/receipt", b"again").unwrap_err();
+        assert_eq!(err.code, Code::Unavailable, "{err}");
+    }
+}

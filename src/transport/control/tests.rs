@@ -1,0 +1,266 @@
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+#[derive(Default)]
+struct Recorder {
+    sets: Mutex<Vec<(u32, String, Vec<u8>)>>,
+    deletes: Mutex<Vec<(u32, String)>>,
+    closed: Mutex<Vec<u32>>,
+}
+
+impl ControlHandler for Recorder {
+    fn set(&self, from: u32, key: &str, value: &[u8]) -> Result<()> {
+        if key == "refuse" {
+            return Err(status::already_exists("refused on purpose"));
+        }
+        self.sets
+            .lock()
+            .push((from, key.to_string(), value.to_vec()));
+        Ok(())
+    }
+    fn delete(&self, from: u32, key: &str) -> Result<()> {
+        self.deletes.lock().push((from, key.to_string()));
+        Ok(())
+    }
+    fn peer_closed(&self, process: u32) {
+        self.closed.lock().push(process);
+    }
+}
+
+fn server(secret: Secret, config: ControlConfig) -> (Arc<Recorder>, ControlServer) {
+    let recorder = Arc::new(Recorder::default());
+    let handler: Arc<dyn ControlHandler> = recorder.clone();
+    let server = ControlServer::start(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        secret,
+        Arc::downgrade(&handler),
+        config,
+    )
+    .unwrap();
+    // The handler lives as long as the recorder (the server holds it weakly).
+    std::mem::forget(handler);
+    (recorder, server)
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn requests_over_unix_and_tcp_reach_the_handler_before_they_return() {
+    let secret = Secret::generate().unwrap();
+    let (recorder, server) = server(secret, ControlConfig::default());
+    for same_host in [true, false] {
+        let link = ControlLink::connect(
+            0,
+            server.endpoint(),
+            same_host,
+            7,
+            secret,
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
+        link.set("k", b"value").unwrap();
+        // Acked means applied: the handler has it already.
+        assert_eq!(
+            recorder.sets.lock().last().unwrap(),
+            &(7, "k".to_string(), b"value".to_vec())
+        );
+        link.delete("k").unwrap();
+        assert_eq!(
+            recorder.deletes.lock().last().unwrap(),
+            &(7, "k".to_string())
+        );
+        let err = link.set("refuse", b"").unwrap_err();
+        assert_eq!(err.code, Code::AlreadyExists, "{err}");
+        assert!(err.message.contains("refused on purpose"), "{err}");
+    }
+    // Pipelined requests from several threads all complete.
+    let link = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        3,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    link.set(&format!("t{t}/{i}"), &[t as u8]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(
+        recorder
+            .sets
+            .lock()
+            .iter()
+            .filter(|(from, _, _)| *from == 3)
+            .count(),
+        400
+    );
+}
+
+#[test]
+fn a_peer_without_the_secret_is_refused_and_reaches_nothing() {
+    let (recorder, server) = server(Secret::generate().unwrap(), ControlConfig::default());
+    let wrong = Secret::generate().unwrap();
+    let err = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        1,
+        wrong,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::Unauthenticated, "{err}");
+    assert!(recorder.sets.lock().is_empty());
+    eventually("the refused connection is closed", || {
+        server.connection_count() == 0
+    });
+}
+
+#[test]
+fn a_silent_or_trickling_peer_is_closed_at_the_hello_deadline() {
+    let config = ControlConfig {
+        hello_timeout: Duration::from_millis(300),
+        ..ControlConfig::default()
+    };
+    let (_recorder, server) = server(Secret::generate().unwrap(), config);
+    let addr = UnixAddr::from_abstract_name(server.endpoint().unix_name.as_bytes()).unwrap();
+    let _silent = UnixStream::connect_addr(&addr).unwrap();
+    let mut trickle = UnixStream::connect_addr(&addr).unwrap();
+    let started = Instant::now();
+    eventually("both connections are accepted", || {
+        server.connection_count() == 2
+    });
+    // One byte every 100 ms would keep a per-read timeout alive forever.
+    let writer = std::thread::spawn(move || {
+        for _ in 0..30 {
+            if trickle.write_all(&[0]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    eventually("both are closed", || server.connection_count() == 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    writer.join().unwrap();
+}
+
+#[test]
+fn connections_beyond_the_bound_are_refused_without_blocking_the_others() {
+    let config = ControlConfig {
+        max_connections: 2,
+        hello_timeout: Duration::from_secs(10),
+        ..ControlConfig::default()
+    };
+    let secret = Secret::generate().unwrap();
+    let (_recorder, server) = server(secret, config);
+    let addr = UnixAddr::from_abstract_name(server.endpoint().unix_name.as_bytes()).unwrap();
+    let _a = UnixStream::connect_addr(&addr).unwrap();
+    let _b = UnixStream::connect_addr(&addr).unwrap();
+    eventually("two silent connections are held", || {
+        server.connection_count() == 2
+    });
+    // The third is refused at once (not queued behind the silent ones).
+    let started = Instant::now();
+    let err = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        1,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_closed_link_is_reported_and_its_waiting_requests_fail_at_once() {
+    let secret = Secret::generate().unwrap();
+    let (recorder, server) = server(secret, ControlConfig::default());
+    let (closed_tx, closed_rx) = crossbeam_channel::unbounded();
+    let on_closed: LinkClosed = Arc::new(move |peer| {
+        let _ = closed_tx.send(peer);
+    });
+    let link = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        9,
+        secret,
+        Duration::from_secs(30),
+        Some(on_closed.clone()),
+    )
+    .unwrap();
+    link.set("k", b"v").unwrap();
+    drop(link);
+    eventually("the server saw the link close", || {
+        recorder.closed.lock().contains(&9)
+    });
+    // A server that goes away fails its peers' requests, it does not hang
+    // them, and the link reports it (our own drop above reported nothing).
+    let link = ControlLink::connect(
+        5,
+        server.endpoint(),
+        true,
+        9,
+        secret,
+        Duration::from_secs(30),
+        Some(on_closed),
+    )
+    .unwrap();
+    drop(server);
+    assert_eq!(closed_rx.recv_timeout(Duration::from_secs(10)), Ok(5));
+    assert!(
+        closed_rx.try_recv().is_err(),
+        "our own drop was reported as the peer's loss"
+    );
+    let started = Instant::now();
+    let err = link.set("k", b"v").unwrap_err();
+    assert_eq!(err.code, Code::Unavailable, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn secrets_and_endpoints_round_trip_through_text() {
+    let secret = Secret::generate().unwrap();
+    assert_eq!(Secret::from_hex(&secret.to_hex()), Some(secret));
+    assert_eq!(Secret::from_hex("00"), None);
+    let endpoint = ControlEndpoint {
+        unix_name: "pjrt-crosshost/1/ab".into(),
+        tcp: "10.0.0.2:5000".parse().unwrap(),
+    };
+    assert_eq!(ControlEndpoint::decode(&endpoint.encode()), Some(endpoint));
+    assert_eq!(ControlEndpoint::decode("tcp=1.2.3.4:5"), None);
+}
