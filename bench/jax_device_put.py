@@ -32,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
+# JAX hands a plugin its coordination service with keys prefixed by the
+# platform name: the plugin's "crosshost/..." keys are "crosshost:crosshost/...".
+JAX_STORE_PREFIX = "crosshost:crosshost"
 
 # (name, bytes of each array, arrays per device_put call)
 CASES = [
@@ -120,7 +123,7 @@ def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases:
     report = {"results": results}
     if backend == "crosshost" and process_id == 1:
         try:
-            entries = kv.key_value_dir_get_bytes("crosshost:")
+            entries = kv.key_value_dir_get_bytes(JAX_STORE_PREFIX)
             report["store_keys"] = len(entries)
             report["transfer_keys"] = sum(
                 1 for k, _ in entries if "/recv/" in k or "/desc/" in k

@@ -184,9 +184,18 @@ def main() -> int:
         result["clients"] = clients
         result["metrics"] = metrics
         kv.wait_at_barrier("crosshost_test_metrics", BARRIER_TIMEOUT_MS)
+        result["jax_store_transfer_keys"] = jax_store_transfer_keys(kv)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
     return finish(result, out_path)
+
+
+def jax_store_transfer_keys(kv) -> list[str]:
+    """The plugin's transfer keys (receipts, descriptors) in JAX's
+    coordination service, which gives the plugin its keys prefixed by the
+    platform name ("crosshost:crosshost/recv/...")."""
+    entries = kv.key_value_dir_get_bytes("crosshost:crosshost")
+    return [k for k, _ in entries if "/recv/" in k or "/desc/" in k]
 
 
 def finish(result: dict, out_path: str) -> int:

@@ -1,4 +1,4 @@
-"""C ABI rules (DESIGN.md §8): NULL args, short struct_size, NULL handles,
+"""C ABI rules (docs/DESIGN.md §8): NULL args, short struct_size, NULL handles,
 functions not offered, bad arguments. Every one is an error value with the
 right code and a message naming the function, never a crash.
 

@@ -12,13 +12,18 @@ killed, with their process groups, on any failure.
 
 Metrics: JAX never hands out its PJRT_Client*, so the workers read
 pjrt_crosshost_live_clients_metrics_json() (jax_plugins.crosshost.metrics()).
-JAX's KV store (its coordination service, reached through the PJRT KV
-callbacks) cannot delete, so under JAX every received buffer leaves its two
-keys (completion receipt + descriptor) in the store: the receiver reports
-them as retained_keys = 2 x buffers received, keys_deleted = 0, and nothing
-else outstanding. The keys carry the session epoch and per-buffer nonces, so
-retained receipts never complete a later buffer: stale_receipts_rejected and
-timeouts stay 0 and the second round's bytes are the second round's.
+
+Keys: by default the plugin keeps only its session in JAX's coordination
+service (reached through the PJRT KV callbacks) and carries each transfer's
+keys (completion receipt + descriptor) over control links between the two
+processes (kv/peer.rs), where they are really deleted: the receiver reports
+keys_deleted = keys_created = 2 x buffers received, and the workers list JAX's
+store (key_value_dir_get_bytes) to show that no transfer key is in it. With
+kv_store=callbacks every key goes through JAX's store, which cannot delete:
+each buffer leaves its two keys there (retained_keys = 2 x buffers), and the
+epoch and per-buffer nonces keep those from ever completing a later buffer:
+stale_receipts_rejected and timeouts stay 0 and the second round's bytes are
+the second round's.
 
 Known JAX 0.10.2 limitation (test_mixed_source_batch_never_delivers_wrong_data):
 in one device_put batch whose arrays come from several source devices, JAX
@@ -135,11 +140,13 @@ def test_cross_process_device_put_every_byte_and_metrics(tmp_path, compute):
         assert m["delete_failures"] == 0, m
     # The sender never creates (or deletes) completion keys.
     assert s["keys_created"] == 0 and s["keys_outstanding"] == 0, s
-    # Receiver: two keys per buffer; JAX's store cannot delete, so each is
-    # either deleted (a store that can) or retained -- none still pending.
+    # Receiver: two keys per buffer, each deleted once the buffer's outcome
+    # was published; none retained, none pending, none in JAX's store.
     assert r["keys_created"] == KEYS_PER_RECEIVED_BUFFER * n, r
-    assert r["keys_deleted"] + r["retained_keys"] == r["keys_created"], r
-    assert r["keys_outstanding"] == r["retained_keys"], r
+    assert r["keys_deleted"] == r["keys_created"] and r["retained_keys"] == 0, r
+    assert r["keys_outstanding"] == 0, r
+    for side in (sender, receiver):
+        assert side["jax_store_transfer_keys"] == [], side["jax_store_transfer_keys"][:5]
     # One client per process.
     assert len(sender["clients"]) == 1 and sender["clients"][0]["process_index"] == 0
     assert len(receiver["clients"]) == 1 and receiver["clients"][0]["process_index"] == 1
@@ -155,6 +162,25 @@ def test_cross_process_device_put_over_tcp(tmp_path, compute):
     assert not bad and len(receiver["checks"]) == receiver["num_transfers"], bad
     assert receiver["metrics"]["bytes_received"] == receiver["total_bytes"]
     assert receiver["metrics"]["stale_receipts_rejected"] == 0
+
+
+def test_with_kv_store_callbacks_the_keys_stay_in_jax_store_and_never_complete_a_later_buffer(
+    tmp_path,
+):
+    # Every key through JAX's store, which cannot delete: each buffer's two
+    # keys stay, and the second round still gets the second round's bytes.
+    sender, receiver = run_job(tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": "kv_store=callbacks"})
+    n = receiver["num_transfers"]
+    bad = [c for c in receiver["checks"] if not all(v for k, v in c.items() if k.endswith("_ok"))]
+    assert not bad and len(receiver["checks"]) == n, bad
+    r = receiver["metrics"]
+    assert r["keys_created"] == KEYS_PER_RECEIVED_BUFFER * n, r
+    assert r["retained_keys"] == r["keys_created"] and r["keys_deleted"] == 0, r
+    assert r["keys_outstanding"] == r["retained_keys"], r
+    assert r["stale_receipts_rejected"] == 0 and r["timeouts"] == 0, r
+    # The listing the default-store test relies on does see them.
+    assert len(receiver["jax_store_transfer_keys"]) == r["keys_created"], (
+        len(receiver["jax_store_transfer_keys"]), r)
 
 
 def test_mixed_source_batch_never_delivers_wrong_data(tmp_path):
@@ -220,4 +246,5 @@ def test_readme_jax_demos_run(tmp_path):
         for proc in procs:
             kill_group(proc)
     assert all(proc.returncode == 0 for proc in procs), outs
-    assert "received True" in outs[1] and "'retained_keys': 2" in outs[1], outs[1]
+    assert "received True" in outs[1], outs[1]
+    assert "'keys_deleted': 2" in outs[1] and "'retained_keys': 0" in outs[1], outs[1]

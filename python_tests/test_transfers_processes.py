@@ -4,9 +4,13 @@ the test (a thread here, on localhost TCP); each process reaches it through
 PJRT_Client_Create's KV callbacks (get / try_get / put) plus the plugin's
 KV delete extension, so completion receipts are really deleted.
 
-No kv_store option is given: the plugin must use the callbacks because the
-job has num_nodes = 2. Every wait is bounded; a child still alive at the
-end of a test is killed.
+Most tests here are about that framework-owned store, so their jobs pass
+kv_store=callbacks: every key, the transfer keys included, goes through the
+callbacks. The tests named *_peer_store* run with the default instead: the
+session through the callbacks, the transfer keys over control links between
+the two processes (kv/peer.rs), so the framework's store never sees a
+transfer key and a peer that dies is noticed when its link closes. Every
+wait is bounded; a child still alive at the end of a test is killed.
 
 Device ids (in transfer calls and in the plugin's ``.d<src>-<dst>`` store
 keys) come from the client (th.device_ids): the numbering depends on the
@@ -51,7 +55,10 @@ def server():
 class Job:
     """Node 0 here + node 1 in a child process, sharing ``server``."""
 
-    def __init__(self, api, server, scenario, options=None, with_delete=True):
+    def __init__(self, api, server, scenario, options=None, with_delete=True, store="callbacks"):
+        options = dict(options or {})
+        if store == "callbacks":
+            options.setdefault("kv_store", "callbacks")
         self.api = api
         self.server = server
         self.session = th.unique("job")
@@ -253,6 +260,67 @@ def test_sender_process_killed_before_sending_gives_deadline_exceeded(
     assert time.monotonic() - t1 < 10
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_v2_both_directions_over_the_peer_store_leave_no_key_in_the_framework_store(
+    xh, job_factory, server, transport
+):
+    options = {} if transport == "auto" else {"transport": transport}
+    job = job_factory("v2", options=options, store="peer")
+    c = job.client
+    d0, d1 = c.addressable_devices()
+    p0, p1 = th.device_ids(c, 1)
+    specs = peer.V2_SPECS
+    datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
+    srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
+    evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
+    bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
+    for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
+        th.expect_ok(th.wait_event(e), f"send event {i}")
+        th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
+        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
+    job.result("v2")
+    (m,) = th.wait_keys_retired(c)
+    # Receipt and descriptor of every buffer created and deleted for real...
+    assert m["keys_created"] == 2 * len(specs), m
+    assert m["keys_deleted"] == m["keys_created"] and m["retained_keys"] == 0, m
+    # ...and none of them ever in the framework's store (the session's are).
+    assert not plugin_keys(server), plugin_keys(server)
+    assert server.keys(f"crosshost/session/{job.session}/"), server.keys("crosshost/")
+    job.finish()
+
+
+def test_a_killed_sender_fails_the_peer_store_receives_at_once_naming_it(xh, job_factory):
+    timeout_ms = 60_000
+    job = job_factory("idle", options={"receive_timeout_ms": timeout_ms}, store="peer")
+    c = job.client
+    s = th.spec(BT.F32, 1024)
+    t0 = time.monotonic()
+    bufs = xh.receive(c, c.addressable_devices()[0], [s, s], th.device_ids(c, 1), [1, 2])
+    job.kill()  # SIGKILL: its control link closes with the process
+    for i, b in enumerate(bufs):
+        st = th.buffer_status(b, timeout=10)
+        th.expect_code(st, EC.UNAVAILABLE, f"buffer {i}")
+        assert "process 1" in str(st), st
+    assert time.monotonic() - t0 < 5, "waited for the deadline instead of the closed link"
+    (m,) = th.wait_keys_retired(c)
+    assert m["timeouts"] == 0 and m["keys_outstanding"] == 0, m
+    t1 = time.monotonic()
+    job.close()
+    assert time.monotonic() - t1 < 10
+
+
+def test_a_killed_receiver_fails_the_peer_store_send_within_its_timeout(xh, job_factory):
+    job = job_factory("idle", options={"send_timeout_ms": 1000}, store="peer")
+    c = job.client
+    s = th.spec(BT.U8, 4096)
+    src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 3))
+    t0 = time.monotonic()
+    job.kill()
+    (ev,) = xh.send(c, [src], [th.device_ids(c, 1)[0]], [9])
+    th.expect_code(th.wait_event(ev, timeout=10), EC.DEADLINE_EXCEEDED, "send event")
+    assert time.monotonic() - t0 < 5
+
+
 def test_creation_without_the_peer_fails_within_session_timeout(api, server):
     kv = KvClient(server.address)
     cb = th.PjrtKvCallbacks(kv)
@@ -264,6 +332,26 @@ def test_creation_without_the_peer_fails_within_session_timeout(api, server):
     assert time.monotonic() - t0 < 10
     assert e.value.code == EC.DEADLINE_EXCEEDED, e.value
     kv.close()
+
+
+def test_processes_that_disagree_on_kv_store_fail_creation_naming_the_option(api, server):
+    # Node 0 would send descriptors over control links that node 1 never
+    # opened: creation says so instead of leaving transfers to time out.
+    session = th.unique("mixed-store")
+    makers = []
+    kvs = []
+    for node, extra in ((0, {}), (1, {"kv_store": "callbacks"})):
+        kv = KvClient(server.address)
+        kvs.append(kv)
+        cb = th.PjrtKvCallbacks(kv)
+        opts = peer.client_options(node, 2, session, {"session_timeout_ms": 5000, **extra})
+        makers.append(lambda cb=cb, opts=opts: cb.create_client(api, opts))
+    with pytest.raises(pc.PjrtError) as e:
+        th.create_concurrently(makers, timeout=15)
+    assert e.value.code == EC.FAILED_PRECONDITION, e.value
+    assert "kv_store" in e.value.message and "process 1" in e.value.message, e.value
+    for kv in kvs:
+        kv.close()
 
 
 def test_multi_node_without_kv_callbacks_or_store_is_invalid_argument(api):
@@ -296,7 +384,8 @@ def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, serv
     (buf,) = xh.receive(c, d0, [s], [p0], [1])
     epoch = server.keys(f"crosshost/session/{job.session}/epoch")
     assert epoch, server.keys("crosshost/")
-    epoch = job.kv.try_get(epoch[0]).decode()
+    # The record is "<epoch> <control-link secret>"; keys carry the epoch.
+    epoch = job.kv.try_get(epoch[0]).decode().split()[0]
     pair = f"{epoch}.d{p0}-{d0.id()}"
     key = f"crosshost/recv/{pair}/1/0"
     desc = plugin_keys(server, f"{pair}/1/0")

@@ -11,11 +11,14 @@ use crate::backend::compute_plugin::{
 use crate::backend::{self, Allocation, Backend};
 use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
 use crate::kv::memory::MemoryStore;
+use crate::kv::peer::{KeyRouter, PeerAddress, PeerStore};
 use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
+use crate::transfer::keys::{self, KeyReader};
 use crate::transfer::service::{TransferConfig, TransferService};
 use crate::transfer::session::{LocalDevices, Session};
+use crate::transport::host_identity::HostIdentity;
 
 pub const PLATFORM_NAME: &str = "crosshost";
 pub use crate::backend::host::HOST_DEVICE_KIND;
@@ -35,6 +38,9 @@ pub struct Client {
 /// XLA numbers the devices of process `p` from `p * 2048`; a delegating
 /// client of a multi-process job uses that numbering for its devices.
 pub const DEVICE_IDS_PER_PROCESS: i32 = 2048;
+
+/// Bound on one request over a control link (descriptor, receipt, delete).
+const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Opens the compute plugin's client if this client delegates: the
 /// `compute_plugin` option, else the process's configured plugin (unless an
@@ -145,7 +151,7 @@ fn choose_store(
 ) -> Result<Arc<dyn KeyValueStore>> {
     Ok(match &options.store {
         StoreChoice::NamedMemory(name) => MemoryStore::named(name),
-        StoreChoice::Default if options.num_nodes > 1 => {
+        StoreChoice::Default | StoreChoice::Callbacks if options.num_nodes > 1 => {
             let raw = callbacks.ok_or_else(|| {
                 invalid_argument(
                     "PJRT_Client_Create: num_nodes > 1 needs the KV callbacks (kv_get/kv_put/kv_try_get) \
@@ -154,8 +160,48 @@ fn choose_store(
             })?;
             Arc::new(CallbackStore::new(raw, CallbackStoreOptions::default()))
         }
-        StoreChoice::Default => Arc::new(MemoryStore::new()),
+        StoreChoice::Default | StoreChoice::Callbacks => Arc::new(MemoryStore::new()),
     })
+}
+
+/// The peer store's reader of each transfer key: the process of the device
+/// its name gives, or the process it names.
+fn key_router(session: &Session) -> KeyRouter {
+    let session = session.clone();
+    Box::new(move |key| match keys::reader_of(key)? {
+        KeyReader::Device(device) => session
+            .process_of_device(device)
+            .map(|p| p.process_index as u32),
+        KeyReader::Process(process) => u32::try_from(process).ok(),
+    })
+}
+
+/// Connects the peer store to the job's other processes.
+fn connect_peers(peer: &PeerStore, session: &Session, force_tcp: bool) -> Result<()> {
+    let local = HostIdentity::local()?;
+    let mut peers = std::collections::HashMap::new();
+    for p in session
+        .processes
+        .iter()
+        .filter(|p| p.process_index != session.process_index)
+    {
+        let endpoint = p.control.clone().ok_or_else(|| {
+            crate::status::failed_precondition(format!(
+                "PJRT_Client_Create: process {} of the job keeps its transfer keys in the                  framework's store (kv_store=callbacks?) and this one over control links                  (kv_store=default): every process of a job needs the same kv_store",
+                p.process_index
+            ))
+        })?;
+        let same_host = p.host == local && !force_tcp;
+        peers.insert(
+            p.process_index as u32,
+            PeerAddress {
+                endpoint,
+                same_host,
+            },
+        );
+    }
+    peer.connect(peers, key_router(session));
+    Ok(())
 }
 
 /// Devices of every process of the job on an embedded backend.
@@ -274,18 +320,43 @@ impl Client {
             },
             None => LocalDevices::sequential(backend.device_count(), &backend.device_kind(0)),
         };
-        let store = choose_store(&options, callbacks)?;
+        let framework_store = choose_store(&options, callbacks)?;
+        // Transfer keys go over control links between the processes unless
+        // the caller asked for its own store (kv_store=callbacks/memory).
+        let use_peer_store = options.num_nodes > 1 && options.store == StoreChoice::Default;
+        let mut peer_store: Option<Arc<PeerStore>> = None;
         let session = if options.num_nodes > 1 {
             Session::establish(
-                &*store,
+                &*framework_store,
                 &options.session,
                 options.node_id,
                 options.num_nodes,
                 local,
                 options.session_timeout,
+                |_epoch, secret| {
+                    if !use_peer_store {
+                        return Ok(None);
+                    }
+                    let store = PeerStore::start(
+                        options.node_id as u32,
+                        secret,
+                        options.tcp_bind,
+                        options.send_timeout.min(CONTROL_TIMEOUT),
+                    )?;
+                    let endpoint = store.endpoint().clone();
+                    peer_store = Some(store);
+                    Ok(Some(endpoint))
+                },
             )?
         } else {
             Session::local(local)?
+        };
+        let store: Arc<dyn KeyValueStore> = match &peer_store {
+            Some(peer) => {
+                connect_peers(peer, &session, options.force_tcp)?;
+                peer.clone()
+            }
+            None => framework_store,
         };
         let process_index = session.process_index;
         let devices = match &compute {
@@ -304,6 +375,24 @@ impl Client {
                 ..TransferConfig::default()
             },
         );
+        if let Some(peer) = &peer_store {
+            // A peer whose link closed is gone: its receives fail now.
+            let service = Arc::downgrade(&transfers);
+            peer.on_peer_lost(Box::new(move |process| {
+                if let Some(service) = service.upgrade() {
+                    let failed = service.fail_receives_from(
+                        process as i32,
+                        crate::status::unavailable(format!(
+                            "process {process} closed its link to this process (it exited, failed \
+                             or destroyed its client) before the transfer completed"
+                        )),
+                    );
+                    if failed > 0 {
+                        log::warn!("process {process} is gone; failed {failed} receives");
+                    }
+                }
+            }));
+        }
         let platform_version = match &compute {
             Some(compute) => format!(
                 "pjrt-crosshost {} (compute: {} {})",

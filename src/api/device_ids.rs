@@ -147,12 +147,12 @@ fn write_field(out: &mut Vec<u8>, number: u64, wire: u64, raw: &[u8]) {
     out.extend_from_slice(raw);
 }
 
-/// Rewrites `message` with `rewrite(number, payload)` applied to its
-/// length-delimited fields; `None` keeps a field as it is.
-fn map_message(
-    message: &[u8],
-    rewrite: &mut dyn FnMut(u64, u64, &[u8]) -> Result<Option<(u64, Vec<u8>)>>,
-) -> Result<Vec<u8>> {
+/// A field's new (wire type, payload), or `None` to keep it as it is.
+type FieldRewrite<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<Option<(u64, Vec<u8>)>> + 'a;
+
+/// Rewrites `message` with `rewrite(number, wire type, payload)` applied to
+/// each of its fields.
+fn map_message(message: &[u8], rewrite: &mut FieldRewrite<'_>) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(message.len());
     for field in fields(message)? {
         match rewrite(field.number, field.wire, field.raw)? {

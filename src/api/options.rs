@@ -49,8 +49,13 @@ pub const COMPUTE_OPTION_PREFIX: &str = "compute.";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreChoice {
     /// Single process: a private in-memory store. Multi-process: the KV
-    /// callbacks the creator passed.
+    /// callbacks the creator passed for the session, and the peer store
+    /// (control links between the processes, `kv/peer.rs`) for the transfer
+    /// keys.
     Default,
+    /// `kv_store=callbacks`: the creator's KV callbacks for everything, the
+    /// transfer keys included.
+    Callbacks,
     /// `kv_store=memory:<name>`: an in-memory store shared by name inside
     /// this process (several clients, one store).
     NamedMemory(String),
@@ -186,9 +191,11 @@ impl ClientOptions {
                     parsed.store = match s.strip_prefix("memory:") {
                         Some(n) if !n.is_empty() => StoreChoice::NamedMemory(n.to_string()),
                         _ if s == "default" => StoreChoice::Default,
+                        _ if s == "callbacks" => StoreChoice::Callbacks,
                         _ => {
                             return Err(invalid_argument(format!(
-                                "{CONTEXT}: create option 'kv_store' must be 'default' or 'memory:<name>', got {s:?}"
+                                "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks' or \
+                                 'memory:<name>', got {s:?}"
                             )))
                         }
                     };

@@ -78,6 +78,12 @@ pub trait DeviceMemory: Send + Sync {
     fn address(&self) -> usize;
     /// True when `address()` is host-addressable memory.
     fn is_host_memory(&self) -> bool;
+    /// Whether `read` is a plain memory copy that never waits on another
+    /// thread (a device copy or a compute plugin's read-back may), so it
+    /// can run on any thread, however latency-sensitive.
+    fn reads_without_waiting(&self) -> bool {
+        self.is_host_memory()
+    }
     /// Shared-memory name under which another process on this host can map
     /// the allocation, if it is backed by shared memory.
     fn shared_name(&self) -> Option<String> {

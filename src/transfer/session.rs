@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::kv::KeyValueStore;
 use crate::status::{self, Result};
+use crate::transport::control::{ControlEndpoint, Secret};
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
@@ -47,6 +48,8 @@ pub struct ProcessEntry {
     pub device_kind: String,
     pub host: HostIdentity,
     pub pid: u32,
+    /// Where its control links are served (peer store), if it has them.
+    pub control: Option<ControlEndpoint>,
 }
 
 impl ProcessEntry {
@@ -58,6 +61,7 @@ impl ProcessEntry {
             device_kind: devices.kind,
             host: HostIdentity::local()?,
             pid: std::process::id(),
+            control: None,
         })
     }
 
@@ -66,13 +70,18 @@ impl ProcessEntry {
             None => "-".to_string(),
             Some(ids) => ids.iter().map(i32::to_string).collect::<Vec<_>>().join(","),
         };
+        let control = self
+            .control
+            .as_ref()
+            .map_or_else(|| "-".to_string(), ControlEndpoint::encode);
         format!(
-            "xs2 {} {} {} {} {} {}",
+            "xs3 {} {} {} {} {} {} {}",
             self.num_devices,
             self.host.hostname,
             self.host.boot_id,
             self.pid,
             ids,
+            control,
             self.device_kind
         )
     }
@@ -86,9 +95,13 @@ impl ProcessEntry {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         // The kind is last and may contain spaces (a GPU's name).
-        let parts: Vec<&str> = text.splitn(7, ' ').collect();
-        let ["xs2", devices, hostname, boot_id, pid, ids, kind] = parts[..] else {
+        let parts: Vec<&str> = text.splitn(8, ' ').collect();
+        let ["xs3", devices, hostname, boot_id, pid, ids, control, kind] = parts[..] else {
             return Err(bad());
+        };
+        let control = match control {
+            "-" => None,
+            text => Some(ControlEndpoint::decode(text).ok_or_else(bad)?),
         };
         let num_devices: usize = devices.parse().map_err(|_| bad())?;
         let device_ids = match ids {
@@ -114,6 +127,7 @@ impl ProcessEntry {
                 boot_id: boot_id.to_string(),
             },
             pid: pid.parse().map_err(|_| bad())?,
+            control,
         })
     }
 }
@@ -123,6 +137,9 @@ pub struct Session {
     /// Random id shared by all processes of this job: the temporal identity
     /// at the front of every key name.
     pub epoch: String,
+    /// The job's secret for control links (made by process 0 with the
+    /// epoch).
+    pub secret: Secret,
     pub process_index: i32,
     /// Every process of the job, ordered by process index.
     pub processes: Vec<ProcessEntry>,
@@ -133,6 +150,7 @@ impl Session {
     pub fn local(devices: LocalDevices) -> Result<Session> {
         Ok(Session {
             epoch: format!("{:016x}", random_u64()?),
+            secret: Secret::generate()?,
             process_index: 0,
             processes: vec![ProcessEntry::mine(0, devices)?],
         })
@@ -140,6 +158,9 @@ impl Session {
 
     /// Agrees on the epoch and exchanges process entries with the other
     /// `num_processes - 1` processes, waiting at most `timeout` for each.
+    /// `control` starts this process's control links once the job's secret
+    /// is known and returns where peers reach them (or `None`).
+    #[allow(clippy::too_many_arguments)]
     pub fn establish(
         store: &dyn KeyValueStore,
         name: &str,
@@ -147,12 +168,17 @@ impl Session {
         num_processes: usize,
         devices: LocalDevices,
         timeout: Duration,
+        control: impl FnOnce(&str, Secret) -> Result<Option<ControlEndpoint>>,
     ) -> Result<Session> {
         let epoch_key = format!("crosshost/session/{name}/epoch");
-        let epoch = if process_index == 0 {
+        let (epoch, secret) = if process_index == 0 {
             let epoch = format!("{:016x}", random_u64()?);
-            store.set(&epoch_key, epoch.as_bytes())?;
-            epoch
+            let secret = Secret::generate()?;
+            store.set(
+                &epoch_key,
+                format!("{epoch} {}", secret.to_hex()).as_bytes(),
+            )?;
+            (epoch, secret)
         } else {
             let bytes = store.get(&epoch_key, timeout).map_err(|e| {
                 status::Status::new(
@@ -163,10 +189,13 @@ impl Session {
                     ),
                 )
             })?;
-            String::from_utf8(bytes)
-                .map_err(|_| status::data_loss(format!("session {name:?}: epoch is not UTF-8")))?
+            let bad = || status::data_loss(format!("session {name:?}: malformed epoch record"));
+            let text = String::from_utf8(bytes).map_err(|_| bad())?;
+            let (epoch, secret) = text.split_once(' ').ok_or_else(bad)?;
+            (epoch.to_string(), Secret::from_hex(secret).ok_or_else(bad)?)
         };
-        let me = ProcessEntry::mine(process_index, devices)?;
+        let mut me = ProcessEntry::mine(process_index, devices)?;
+        me.control = control(&epoch, secret)?;
         let entry_key = |i: usize| format!("crosshost/session/{name}/{epoch}/process/{i}");
         store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
         let mut processes = Vec::with_capacity(num_processes);
@@ -188,6 +217,7 @@ impl Session {
         }
         Ok(Session {
             epoch,
+            secret,
             process_index,
             processes,
         })
@@ -231,16 +261,37 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let s2 = store.clone();
         let other = std::thread::spawn(move || {
-            Session::establish(&*s2, "job", 1, 2, host(3), Duration::from_secs(10)).unwrap()
+            Session::establish(
+                &*s2,
+                "job",
+                1,
+                2,
+                host(3),
+                Duration::from_secs(10),
+                no_control,
+            )
+            .unwrap()
         });
-        let first =
-            Session::establish(&*store, "job", 0, 2, host(2), Duration::from_secs(10)).unwrap();
+        let first = Session::establish(
+            &*store,
+            "job",
+            0,
+            2,
+            host(2),
+            Duration::from_secs(10),
+            no_control,
+        )
+        .unwrap();
         let second = other.join().unwrap();
         assert_eq!(first.epoch, second.epoch);
         assert_eq!(first.processes, second.processes);
         assert_eq!(first.device_ids(), vec![vec![0, 1], vec![2, 3, 4]]);
         assert_eq!(first.process_of_device(4).unwrap().process_index, 1);
         assert!(first.process_of_device(5).is_none());
+    }
+
+    fn no_control(_: &str, _: Secret) -> Result<Option<ControlEndpoint>> {
+        Ok(None)
     }
 
     fn host(count: usize) -> LocalDevices {
@@ -258,39 +309,71 @@ mod tests {
         };
         let other = std::thread::spawn(move || {
             let devices = stated(vec![2048, 2049], "NVIDIA H200 (141 GB)");
-            Session::establish(&*s2, "ids", 1, 2, devices, Duration::from_secs(10)).unwrap()
+            let control = |_: &str, _: Secret| {
+                Ok(Some(ControlEndpoint {
+                    unix_name: "pjrt-crosshost/test/1".into(),
+                    tcp: "127.0.0.1:4242".parse().unwrap(),
+                }))
+            };
+            Session::establish(&*s2, "ids", 1, 2, devices, Duration::from_secs(10), control)
+                .unwrap()
         });
         let devices = stated(vec![0, 1], "cpu");
-        let first =
-            Session::establish(&*store, "ids", 0, 2, devices, Duration::from_secs(10)).unwrap();
+        let first = Session::establish(
+            &*store,
+            "ids",
+            0,
+            2,
+            devices,
+            Duration::from_secs(10),
+            no_control,
+        )
+        .unwrap();
         let second = other.join().unwrap();
         assert_eq!(first.processes, second.processes);
         assert_eq!(first.device_ids(), vec![vec![0, 1], vec![2048, 2049]]);
         assert_eq!(first.processes[1].device_kind, "NVIDIA H200 (141 GB)");
         assert_eq!(first.process_of_device(2049).unwrap().process_index, 1);
         assert!(first.process_of_device(2).is_none());
+        assert_eq!(first.secret, second.secret);
+        assert_eq!(first.processes[0].control, None);
+        assert_eq!(
+            first.processes[1].control.as_ref().unwrap().tcp,
+            "127.0.0.1:4242".parse().unwrap()
+        );
     }
 
     #[test]
     fn malformed_entries_are_data_loss() {
         for text in [
             "xs1 2 h b 1",
-            "xs2 2 h b 1 0,1,2 cpu",
-            "xs2 x h b 1 - cpu",
-            "xs2 1 h b 1 a cpu",
+            "xs2 2 h b 1 - cpu",
+            "xs3 2 h b 1 0,1,2 - cpu",
+            "xs3 x h b 1 - - cpu",
+            "xs3 1 h b 1 a - cpu",
+            "xs3 1 h b 1 - unix=x cpu",
         ] {
             let err = ProcessEntry::decode(3, text.as_bytes()).unwrap_err();
             assert_eq!(err.code, crate::status::Code::DataLoss, "{text}");
         }
-        let ok = ProcessEntry::decode(3, b"xs2 2 h b 7 - crosshost-host").unwrap();
+        let ok = ProcessEntry::decode(3, b"xs3 2 h b 7 - - crosshost host").unwrap();
+        assert_eq!(ok.device_kind, "crosshost host");
         assert_eq!((ok.num_devices, ok.pid, ok.device_ids), (2, 7, None));
     }
 
     #[test]
     fn a_missing_peer_is_a_bounded_error() {
         let store = MemoryStore::new();
-        let err = Session::establish(&store, "lonely", 0, 2, host(1), Duration::from_millis(20))
-            .unwrap_err();
+        let err = Session::establish(
+            &store,
+            "lonely",
+            0,
+            2,
+            host(1),
+            Duration::from_millis(20),
+            no_control,
+        )
+        .unwrap_err();
         assert!(err.message.contains("process 1"), "{}", err.message);
     }
 }

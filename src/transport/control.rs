@@ -519,12 +519,31 @@ pub struct ControlLink {
     broken: Arc<AtomicBool>,
     /// Set before `Drop` shuts the connection down.
     dropping: Arc<AtomicBool>,
+    /// Told once when the peer's end closed (reader or writer noticed).
+    on_closed: Option<LinkClosed>,
+    reported: Arc<AtomicBool>,
     timeout: Duration,
     reader: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Called with the peer when its end of a link closed (it exited or died).
 pub type LinkClosed = Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Tells `on_closed` once that `peer`'s end closed, unless we are the ones
+/// closing the link.
+fn report_closed(
+    peer: u32,
+    on_closed: &Option<LinkClosed>,
+    dropping: &AtomicBool,
+    reported: &AtomicBool,
+) {
+    if dropping.load(Ordering::Acquire) || reported.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if let Some(on_closed) = on_closed {
+        on_closed(peer);
+    }
+}
 
 impl std::fmt::Debug for ControlLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -586,12 +605,15 @@ impl ControlLink {
             next_id: AtomicU64::new(1),
             broken: Arc::new(AtomicBool::new(false)),
             dropping: Arc::new(AtomicBool::new(false)),
+            on_closed: on_closed.clone(),
+            reported: Arc::new(AtomicBool::new(false)),
             timeout,
             reader: Mutex::new(None),
         });
         let waiters = link.waiters.clone();
         let broken = link.broken.clone();
         let dropping = link.dropping.clone();
+        let reported = link.reported.clone();
         let timer = link.timer.clone();
         let handle = spawn("crosshost-ctl-acks", move || loop {
             match read_frame(&mut *reader, None) {
@@ -619,7 +641,11 @@ impl ControlLink {
                 }
                 Err(_) => {
                     broken.store(true, Ordering::Release);
-                    // Every waiting request learns at once.
+                    // The peer's loss is reported before its waiting requests
+                    // fail, so what they do on failure (retire a receive,
+                    // delete its keys) already knows the peer is gone. Our
+                    // own drop closes the link too; that is no news.
+                    report_closed(peer, &on_closed, &dropping, &reported);
                     let waiting: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
                     for waiter in waiting {
                         waiter.complete(
@@ -628,13 +654,6 @@ impl ControlLink {
                             ))),
                             &timer,
                         );
-                    }
-                    // Our own drop closes the link too; only the peer's
-                    // going away is news.
-                    if !dropping.load(Ordering::Acquire) {
-                        if let Some(on_closed) = &on_closed {
-                            on_closed(peer);
-                        }
                     }
                     return;
                 }
@@ -682,6 +701,7 @@ impl ControlLink {
         let failure = match written {
             Err(e) => {
                 self.broken.store(true, Ordering::Release);
+                report_closed(self.peer, &self.on_closed, &self.dropping, &self.reported);
                 Some(status::unavailable(format!(
                     "control link to process {}: write failed: {e}",
                     self.peer

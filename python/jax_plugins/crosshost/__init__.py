@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -246,3 +247,26 @@ def metrics() -> list[dict[str, Any]]:
         return json.loads(ctypes.string_at(raw).decode())
     finally:
         free(raw)
+
+
+def _settled(m: dict[str, Any]) -> bool:
+    # Every key not deleted is retained (a store that cannot delete) or
+    # failed to delete: no receive is still in its lifecycle.
+    return m["keys_outstanding"] == m["retained_keys"] + m["delete_failures"]
+
+
+def settled_metrics(timeout: float = 10.0) -> list[dict[str, Any]]:
+    """``metrics()`` once no received buffer's keys are still in flight.
+
+    A buffer is ready as soon as its data is; the plugin deletes its keys
+    right after (one more message to the peer), so metrics read the moment
+    an array arrives can still count those keys as outstanding. This waits,
+    up to ``timeout`` seconds, until every client's lifecycle has settled and
+    returns the metrics then (unsettled ones, if the time ran out).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        clients = metrics()
+        if all(_settled(c["metrics"]) for c in clients) or time.monotonic() >= deadline:
+            return clients
+        time.sleep(0.01)
