@@ -342,7 +342,12 @@ fn compute_source(
     })?;
     let element_type = ElementType::from_raw(buffer_element_type(plugin, buffer)?, function)?;
     let shape = Shape::new(element_type, buffer_dims(plugin, buffer)?, function)?;
-    let held = HeldSource::new(compute, buffer, shape.byte_size());
+    let held = HeldSource::new(
+        compute,
+        buffer,
+        shape.byte_size(),
+        shape.element_type.is_sub_byte(),
+    );
     let ready = held.ready();
     Ok(SendSource {
         memory: Arc::new(held),

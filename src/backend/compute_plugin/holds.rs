@@ -126,10 +126,14 @@ pub fn delete_deferred(buffer: *mut PJRT_Buffer) -> bool {
 }
 
 /// A compute plugin buffer as a send source: held, and read straight into
-/// the destination (row-major, through `PJRT_Buffer_ToHostBuffer`).
+/// the destination: one memcpy from its memory where it is host memory in
+/// dense row-major layout (XLA's CPU plugin), else `PJRT_Buffer_ToHostBuffer`
+/// (which converts the layout).
 pub struct HeldSource {
     hold: SendHold,
     len: usize,
+    /// Its bytes are host memory, dense row-major: read by address.
+    direct: bool,
 }
 
 // SAFETY: the inner buffer handle is thread-safe per the PJRT C API, and the
@@ -139,11 +143,19 @@ unsafe impl Send for HeldSource {}
 unsafe impl Sync for HeldSource {}
 
 impl HeldSource {
-    /// Holds `buffer` (`len` row-major bytes) for a send.
-    pub fn new(client: &Arc<ComputeClient>, buffer: *mut PJRT_Buffer, len: usize) -> HeldSource {
+    /// Holds `buffer` (`len` row-major bytes) for a send; `sub_byte`
+    /// element types are packed on the device, so never read by address.
+    pub fn new(
+        client: &Arc<ComputeClient>,
+        buffer: *mut PJRT_Buffer,
+        len: usize,
+        sub_byte: bool,
+    ) -> HeldSource {
+        let direct = !sub_byte && is_dense_host_memory(client.plugin(), buffer);
         HeldSource {
             hold: SendHold::new(client, buffer),
             len,
+            direct,
         }
     }
 
@@ -164,6 +176,31 @@ impl HeldSource {
 
     fn read_all(&self, dst: &mut [u8]) -> Result<()> {
         let plugin = self.hold.client.plugin();
+        if self.direct {
+            let mut args = PJRT_Buffer_UnsafePointer_Args {
+                struct_size: PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE as usize,
+                extension_start: std::ptr::null_mut(),
+                buffer: self.hold.buffer.as_mut(),
+                buffer_pointer: 0,
+            };
+            crate::inner_call!(plugin.as_ref(), PJRT_Buffer_UnsafePointer, &mut args)?;
+            if args.buffer_pointer == 0 && !dst.is_empty() {
+                return Err(internal("the compute plugin gave a null buffer pointer"));
+            }
+            if !dst.is_empty() {
+                // SAFETY: the buffer is defined (sends read after its ready
+                // event), held (its memory cannot be freed), host memory of
+                // `len` dense bytes (checked at `new`), and `dst` is ours.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        args.buffer_pointer as *const u8,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+            }
+            return Ok(());
+        }
         let rank = super::buffer_dims(plugin, self.hold.buffer.as_mut())?.len();
         let minor_to_major: Vec<i64> = (0..rank as i64).rev().collect();
         let mut layout = PJRT_Buffer_MemoryLayout {
@@ -194,9 +231,52 @@ impl HeldSource {
     }
 }
 
+/// Whether the compute plugin keeps `buffer` in host memory, dense
+/// row-major (then its bytes can be read by address).
+fn is_dense_host_memory(plugin: &ComputePlugin, buffer: *mut PJRT_Buffer) -> bool {
+    let mut on_cpu = PJRT_Buffer_IsOnCpu_Args {
+        struct_size: PJRT_Buffer_IsOnCpu_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        buffer,
+        is_on_cpu: false,
+    };
+    if crate::inner_call!(plugin, PJRT_Buffer_IsOnCpu, &mut on_cpu).is_err() || !on_cpu.is_on_cpu {
+        return false;
+    }
+    let Ok(rank) = super::buffer_dims(plugin, buffer).map(|d| d.len()) else {
+        return false;
+    };
+    let mut layout = PJRT_Buffer_GetMemoryLayout_Args {
+        struct_size: PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE as usize,
+        buffer,
+        ..Default::default()
+    };
+    if crate::inner_call!(plugin, PJRT_Buffer_GetMemoryLayout, &mut layout).is_err()
+        || layout.layout.type_ != PJRT_Buffer_MemoryLayout_Type_Tiled
+    {
+        return false;
+    }
+    // SAFETY: `type_` says the tiled member is the live one; its arrays live
+    // as long as the buffer.
+    let tiled = unsafe { &layout.layout.__bindgen_anon_1.tiled };
+    if tiled.num_tiles != 0 || tiled.minor_to_major_size != rank {
+        return false;
+    }
+    if rank == 0 {
+        return true;
+    }
+    // SAFETY: as above, `minor_to_major_size` entries.
+    let order = unsafe { std::slice::from_raw_parts(tiled.minor_to_major, rank) };
+    order.iter().rev().enumerate().all(|(i, &d)| d == i as i64)
+}
+
 impl DeviceMemory for HeldSource {
     fn len(&self) -> usize {
         self.len
+    }
+
+    fn reads_without_waiting(&self) -> bool {
+        self.direct
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
