@@ -388,8 +388,12 @@ def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, serv
     epoch = job.kv.try_get(epoch[0]).decode().split()[0]
     pair = f"{epoch}.d{p0}-{d0.id()}"
     key = f"crosshost/recv/{pair}/1/0"
-    desc = plugin_keys(server, f"{pair}/1/0")
-    assert any(k.startswith("crosshost/desc/") for k in desc), (key, server.keys("crosshost/"))
+    # The descriptor is published off the receiving thread: wait for it.
+    published = th.poll_until(
+        lambda: any(k.startswith("crosshost/desc/") for k in plugin_keys(server, f"{pair}/1/0")),
+        timeout=10,
+    )
+    assert published, (key, server.keys("crosshost/"))
     before = th.metrics(c)["stale_receipts_rejected"]
     for forged in (b"xr1 ok 123456789abcdef", b"xr1 err 42 13 forged failure", b"xr1 cancel 7"):
         assert job.kv.put(key, forged) is None

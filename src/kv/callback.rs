@@ -17,8 +17,21 @@
 //! a known stale one (`async_get_changed`, polled with `try_get`, which
 //! returns at once) are re-queued after a delay that doubles up to
 //! `max_backoff`: bounded and never spinning.
+//!
+//! Every other call into the callbacks (put, delete, try_get and the
+//! blocking get) runs on a second bounded pool, the *call* pool, and is
+//! bounded by a deadline: the caller (or the `set_async` / `delete_async`
+//! callback) gets `DEADLINE_EXCEEDED` when the callback has not returned in
+//! time, and a call whose caller already gave up is never started. A
+//! callback that never returns keeps its worker, nothing else: destroying
+//! the store waits at most `stop_grace` for its workers and detaches the
+//! ones still inside a callback (they hold the shared state, so nothing
+//! they touch is freed under them, and they make no further calls).
+//! Puts, deletes and their callbacks therefore never run on the caller's
+//! thread, so a framework callback that needs a lock (Python's GIL) never
+//! holds up readiness.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -26,7 +39,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 
-use super::{GetCallback, KeyValueStore, StoreCapabilities, WaiterId};
+use super::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
 use crate::status::{self, Code, Result};
 use crate::sync::DeadlineTimer;
 
@@ -49,6 +62,15 @@ pub struct CallbackStoreOptions {
     /// Whether `put` overwrites. JAX's coordination service refuses (it
     /// answers `ALREADY_EXISTS`), so the default is false.
     pub can_overwrite: bool,
+    /// Workers of the call pool (put, delete, try_get, blocking get).
+    pub call_threads: usize,
+    /// Bound on one put, delete or try_get (a blocking get is bounded by its
+    /// own timeout plus `call_grace`).
+    pub call_timeout: Duration,
+    /// How long past its timeout a blocking get may take to return.
+    pub call_grace: Duration,
+    /// How long destroying the store waits for its workers.
+    pub stop_grace: Duration,
 }
 
 impl Default for CallbackStoreOptions {
@@ -59,6 +81,10 @@ impl Default for CallbackStoreOptions {
             min_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(100),
             can_overwrite: false,
+            call_threads: 16,
+            call_timeout: Duration::from_secs(30),
+            call_grace: Duration::from_secs(1),
+            stop_grace: Duration::from_millis(500),
         }
     }
 }
@@ -76,6 +102,17 @@ enum Job {
     Stop,
 }
 
+/// One call into the callbacks, run on the call pool.
+type Call = Box<dyn FnOnce(&Shared) + Send>;
+
+enum CallJob {
+    Run(Call),
+    Stop,
+}
+
+/// Whoever takes the callback first answers: the call, or its deadline.
+type Answer<T> = Arc<Mutex<Option<Box<dyn FnOnce(Result<T>) + Send>>>>;
+
 struct Shared {
     raw: Arc<dyn RawKvCallbacks>,
     options: CallbackStoreOptions,
@@ -89,16 +126,27 @@ struct Shared {
     timer: DeadlineTimer,
     /// Workers waiting for a job (not blocked in a get).
     idle: AtomicUsize,
+    calls: Sender<CallJob>,
+    call_jobs: Receiver<CallJob>,
+    call_idle: AtomicUsize,
+    /// Set when the store is destroyed: workers make no more calls.
+    stopping: AtomicBool,
 }
 
 pub struct CallbackStore {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    call_workers: Mutex<Vec<JoinHandle<()>>>,
+    /// Every worker holds a clone; all gone = all workers exited.
+    exit_tx: Mutex<Option<Sender<()>>>,
+    exit_rx: Receiver<()>,
 }
 
 impl CallbackStore {
     pub fn new(raw: Arc<dyn RawKvCallbacks>, options: CallbackStoreOptions) -> CallbackStore {
         let (queue, jobs) = unbounded();
+        let (calls, call_jobs) = unbounded();
+        let (exit_tx, exit_rx) = unbounded();
         let shared = Arc::new(Shared {
             raw,
             options,
@@ -108,32 +156,129 @@ impl CallbackStore {
             jobs,
             timer: DeadlineTimer::new("crosshost-kv-retry"),
             idle: AtomicUsize::new(0),
+            calls,
+            call_jobs,
+            call_idle: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
         });
         let store = CallbackStore {
             shared,
             workers: Mutex::new(Vec::new()),
+            call_workers: Mutex::new(Vec::new()),
+            exit_tx: Mutex::new(Some(exit_tx)),
+            exit_rx,
         };
         store.add_worker();
         store
     }
 
-    /// Starts one more worker if none is idle and the bound allows.
+    /// Starts one more get worker if none is idle and the bound allows.
     fn add_worker(&self) {
-        let mut workers = self.workers.lock();
-        if workers.len() >= self.shared.options.pool_threads.max(1)
-            || (!workers.is_empty() && self.shared.idle.load(AtomicOrdering::Acquire) > 0)
+        let bound = self.shared.options.pool_threads;
+        let idle = &self.shared.idle;
+        self.spawn_if_needed(&self.workers, bound, idle, "crosshost-kv-get", worker);
+    }
+
+    /// Starts one more call worker if none is idle and the bound allows.
+    fn add_call_worker(&self) {
+        let bound = self.shared.options.call_threads;
+        let idle = &self.shared.call_idle;
+        self.spawn_if_needed(
+            &self.call_workers,
+            bound,
+            idle,
+            "crosshost-kv-call",
+            call_worker,
+        );
+    }
+
+    fn spawn_if_needed(
+        &self,
+        workers: &Mutex<Vec<JoinHandle<()>>>,
+        bound: usize,
+        idle: &AtomicUsize,
+        name: &str,
+        body: fn(&Arc<Shared>),
+    ) {
+        let mut workers = workers.lock();
+        if workers.len() >= bound.max(1)
+            || (!workers.is_empty() && idle.load(AtomicOrdering::Acquire) > 0)
         {
             return;
         }
+        let Some(exit) = self.exit_tx.lock().clone() else {
+            return;
+        };
         let shared = self.shared.clone();
-        let name = format!("crosshost-kv-get-{}", workers.len());
-        match thread::Builder::new()
-            .name(name)
-            .spawn(move || worker(&shared))
-        {
+        let name = format!("{name}-{}", workers.len());
+        let spawned = thread::Builder::new().name(name).spawn(move || {
+            body(&shared);
+            drop(exit);
+        });
+        match spawned {
             Ok(handle) => workers.push(handle),
             Err(e) => log::error!("CallbackStore: cannot start a worker: {e}"),
         }
+    }
+
+    /// Runs `call` on the call pool; `done` gets its result, or
+    /// `DEADLINE_EXCEEDED` once `timeout` passed without one. A call still
+    /// queued when its deadline passed is never made.
+    fn call_async<T: Send + 'static>(
+        &self,
+        what: String,
+        timeout: Duration,
+        call: impl FnOnce(&dyn RawKvCallbacks) -> Result<T> + Send + 'static,
+        done: impl FnOnce(Result<T>) + Send + 'static,
+    ) {
+        let answer: Answer<T> = Arc::new(Mutex::new(Some(Box::new(done))));
+        let expired = answer.clone();
+        let deadline = self.shared.timer.schedule_after(timeout, move || {
+            let done = expired.lock().take();
+            if let Some(done) = done {
+                done(Err(status::deadline_exceeded(format!(
+                    "{what}: the KV callback did not return within {timeout:?}"
+                ))));
+            }
+        });
+        let job: Call = Box::new(move |shared: &Shared| {
+            if answer.lock().is_none() {
+                return; // its caller was already told it timed out
+            }
+            let result = if shared.stopping.load(AtomicOrdering::Acquire) {
+                Err(status::cancelled("the KV store was destroyed"))
+            } else {
+                call(&*shared.raw)
+            };
+            let done = answer.lock().take();
+            if let Some(done) = done {
+                shared.timer.cancel(deadline);
+                done(result);
+            }
+        });
+        if self.shared.calls.send(CallJob::Run(job)).is_ok() {
+            self.add_call_worker();
+        }
+    }
+
+    /// `call_async`, waiting for the answer.
+    fn call_blocking<T: Send + 'static>(
+        &self,
+        what: String,
+        timeout: Duration,
+        call: impl FnOnce(&dyn RawKvCallbacks) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.call_async(what.clone(), timeout, call, move |result| {
+            let _ = tx.send(result);
+        });
+        // The deadline answers first; this only guards a stopped timer.
+        rx.recv_timeout(timeout + self.shared.options.call_grace)
+            .unwrap_or_else(|_| {
+                Err(status::deadline_exceeded(format!(
+                    "{what}: the KV callback did not return within {timeout:?}"
+                )))
+            })
     }
 
     /// Waiters neither fired nor cancelled.
@@ -163,15 +308,57 @@ impl CallbackStore {
 
 impl Drop for CallbackStore {
     fn drop(&mut self) {
+        self.shared.stopping.store(true, AtomicOrdering::Release);
         let workers = std::mem::take(&mut *self.workers.lock());
+        let call_workers = std::mem::take(&mut *self.call_workers.lock());
         for _ in 0..workers.len() {
             let _ = self.shared.queue.send(Job::Stop);
         }
-        crate::sync::runner::join_all_except_current(workers, "CallbackStore");
+        for _ in 0..call_workers.len() {
+            let _ = self.shared.calls.send(CallJob::Stop);
+        }
+        // Wait a bounded time for them to leave; one stuck in a callback that
+        // never returns is detached, holding the shared state it uses.
+        self.exit_tx.lock().take();
+        let deadline = Instant::now() + self.shared.options.stop_grace;
+        while self.exit_rx.recv_deadline(deadline).is_ok() {}
+        let me = thread::current().id();
+        let mut detached = 0;
+        for handle in workers.into_iter().chain(call_workers) {
+            if handle.thread().id() == me {
+                continue;
+            }
+            if handle.is_finished() {
+                if handle.join().is_err() {
+                    log::error!("CallbackStore: a worker thread panicked");
+                }
+            } else {
+                detached += 1;
+            }
+        }
+        if detached > 0 {
+            log::warn!(
+                "CallbackStore: {detached} worker(s) still inside a KV callback after {:?}; \
+                 detached (they make no further calls)",
+                self.shared.options.stop_grace
+            );
+        }
         // Waiters still pending are dropped without running (store contract:
         // the store is gone, nobody can cancel them any more).
         let dropped = std::mem::take(&mut *self.shared.pending.lock());
         drop(dropped);
+    }
+}
+
+fn call_worker(shared: &Arc<Shared>) {
+    loop {
+        shared.call_idle.fetch_add(1, AtomicOrdering::AcqRel);
+        let next = shared.call_jobs.recv();
+        shared.call_idle.fetch_sub(1, AtomicOrdering::AcqRel);
+        match next {
+            Ok(CallJob::Run(call)) => call(shared),
+            Ok(CallJob::Stop) | Err(_) => return,
+        }
     }
 }
 
@@ -181,6 +368,9 @@ fn worker(shared: &Arc<Shared>) {
         let next = shared.jobs.recv();
         shared.idle.fetch_sub(1, AtomicOrdering::AcqRel);
         let Ok(Job::Get(mut job)) = next else { return };
+        if shared.stopping.load(AtomicOrdering::Acquire) {
+            return;
+        }
         if !shared.pending.lock().contains_key(&job.id) {
             continue; // cancelled
         }
@@ -225,24 +415,61 @@ fn requeue_later(shared: &Arc<Shared>, mut job: GetJob) {
 
 impl KeyValueStore for CallbackStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        self.shared.raw.get(key, timeout)
+        let key = key.to_string();
+        let bound = timeout + self.shared.options.call_grace;
+        self.call_blocking(format!("kv get {key:?}"), bound, move |raw| {
+            raw.get(&key, timeout)
+        })
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
-        self.shared.raw.try_get(key)
+        let key = key.to_string();
+        let timeout = self.shared.options.call_timeout;
+        self.call_blocking(format!("kv try_get {key:?}"), timeout, move |raw| {
+            raw.try_get(&key)
+        })
     }
 
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        self.shared.raw.put(key, value)
+        let (key, value) = (key.to_string(), value.to_vec());
+        let timeout = self.shared.options.call_timeout;
+        self.call_blocking(format!("kv put {key:?}"), timeout, move |raw| {
+            raw.put(&key, &value)
+        })
+    }
+
+    fn set_async(&self, key: &str, value: &[u8], done: SetCallback) {
+        let (key, value) = (key.to_string(), value.to_vec());
+        let timeout = self.shared.options.call_timeout;
+        self.call_async(
+            format!("kv put {key:?}"),
+            timeout,
+            move |raw| raw.put(&key, &value),
+            done,
+        );
     }
 
     fn delete(&self, key: &str) -> Result<()> {
-        self.shared.raw.delete(key).unwrap_or_else(|| {
-            Err(status::unimplemented(format!(
-                "CallbackStore::delete({key:?}): the PJRT KV callbacks have no delete and no \
-                 PJRT_CrossHost_KvDeleteExtension was attached"
-            )))
+        self.check_delete(key)?;
+        let key = key.to_string();
+        let timeout = self.shared.options.call_timeout;
+        self.call_blocking(format!("kv delete {key:?}"), timeout, move |raw| {
+            delete_with(raw, &key)
         })
+    }
+
+    fn delete_async(&self, key: &str, done: SetCallback) {
+        if let Err(e) = self.check_delete(key) {
+            return done(Err(e));
+        }
+        let key = key.to_string();
+        let timeout = self.shared.options.call_timeout;
+        self.call_async(
+            format!("kv delete {key:?}"),
+            timeout,
+            move |raw| delete_with(raw, &key),
+            done,
+        );
     }
 
     fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
@@ -269,6 +496,26 @@ impl KeyValueStore for CallbackStore {
             can_overwrite: self.shared.options.can_overwrite,
         }
     }
+}
+
+impl CallbackStore {
+    fn check_delete(&self, key: &str) -> Result<()> {
+        if self.shared.raw.has_delete() {
+            return Ok(());
+        }
+        Err(status::unimplemented(format!(
+            "CallbackStore::delete({key:?}): the PJRT KV callbacks have no delete, no \
+             PJRT_CrossHost_KvDeleteExtension was attached and no delete function was registered"
+        )))
+    }
+}
+
+fn delete_with(raw: &dyn RawKvCallbacks, key: &str) -> Result<()> {
+    raw.delete(key).unwrap_or_else(|| {
+        Err(status::unimplemented(format!(
+            "kv delete {key:?}: no delete callback"
+        )))
+    })
 }
 
 #[cfg(test)]
@@ -406,6 +653,155 @@ mod tests {
         assert_eq!(
             rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(),
             b"fresh"
+        );
+    }
+
+    /// Raw callbacks that block until `release` (a framework callback that
+    /// never returns), counting the calls that started.
+    struct StuckRaw {
+        gate: Receiver<()>,
+        release: Sender<()>,
+        calls: AtomicUsize,
+    }
+
+    impl StuckRaw {
+        fn new() -> Arc<StuckRaw> {
+            let (release, gate) = crossbeam_channel::unbounded();
+            Arc::new(StuckRaw {
+                gate,
+                release,
+                calls: AtomicUsize::new(0),
+            })
+        }
+        fn stuck(&self) -> Result<()> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let _ = self.gate.recv();
+            Ok(())
+        }
+        /// Lets every stuck call return (dropping the senders' side).
+        fn free(&self) {
+            for _ in 0..64 {
+                let _ = self.release.send(());
+            }
+        }
+    }
+
+    impl RawKvCallbacks for StuckRaw {
+        fn get(&self, _key: &str, _timeout: Duration) -> Result<Vec<u8>> {
+            self.stuck().map(|_| b"late".to_vec())
+        }
+        fn try_get(&self, _key: &str) -> Result<Vec<u8>> {
+            self.stuck().map(|_| b"late".to_vec())
+        }
+        fn put(&self, _key: &str, _value: &[u8]) -> Result<()> {
+            self.stuck()
+        }
+        fn delete(&self, _key: &str) -> Option<Result<()>> {
+            Some(self.stuck())
+        }
+        fn has_delete(&self) -> bool {
+            true
+        }
+    }
+
+    fn bounded_options(call_threads: usize) -> CallbackStoreOptions {
+        CallbackStoreOptions {
+            call_threads,
+            call_timeout: Duration::from_millis(200),
+            call_grace: Duration::from_millis(100),
+            stop_grace: Duration::from_millis(200),
+            ..options(2)
+        }
+    }
+
+    #[test]
+    fn callbacks_that_never_return_fail_each_call_with_deadline_exceeded_in_time() {
+        let raw = StuckRaw::new();
+        let store = CallbackStore::new(raw.clone(), bounded_options(8));
+        let started = Instant::now();
+        assert_eq!(
+            store.set("k", b"v").unwrap_err().code,
+            Code::DeadlineExceeded
+        );
+        assert_eq!(store.delete("k").unwrap_err().code, Code::DeadlineExceeded);
+        assert_eq!(store.try_get("k").unwrap_err().code, Code::DeadlineExceeded);
+        let err = store.get("k", Duration::from_millis(100)).unwrap_err();
+        assert_eq!(err.code, Code::DeadlineExceeded, "{err}");
+        let (tx, rx) = bounded(2);
+        let tx2 = tx.clone();
+        store.set_async("k", b"v", Box::new(move |r| tx.send(r).unwrap()));
+        store.delete_async("k", Box::new(move |r| tx2.send(r).unwrap()));
+        for _ in 0..2 {
+            let outcome = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert_eq!(outcome.unwrap_err().code, Code::DeadlineExceeded);
+        }
+        // Four 200 ms bounds, one 200 ms, two concurrent: well under 2 s.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        raw.free();
+    }
+
+    #[test]
+    fn a_call_whose_caller_gave_up_while_it_was_queued_is_never_made() {
+        let raw = StuckRaw::new();
+        let store = CallbackStore::new(raw.clone(), bounded_options(1));
+        // The one call worker is stuck in the first put; the second waits
+        // behind it past its deadline.
+        assert_eq!(
+            store.set("a", b"1").unwrap_err().code,
+            Code::DeadlineExceeded
+        );
+        assert_eq!(
+            store.set("b", b"2").unwrap_err().code,
+            Code::DeadlineExceeded
+        );
+        assert_eq!(raw.calls.load(Ordering::SeqCst), 1);
+        // Freed, the worker skips the abandoned put and answers a new one.
+        raw.free();
+        let (tx, rx) = bounded(1);
+        store.set_async("c", b"3", Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap();
+        assert_eq!(
+            raw.calls.load(Ordering::SeqCst),
+            2,
+            "the abandoned put was made"
+        );
+    }
+
+    #[test]
+    fn destroying_the_store_with_callbacks_stuck_returns_promptly_and_calls_no_more() {
+        let raw = StuckRaw::new();
+        let store = CallbackStore::new(raw.clone(), bounded_options(4));
+        store.async_get("watched", Box::new(|_| {})).unwrap();
+        store.set_async("k", b"v", Box::new(|_| {}));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while raw.calls.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "the two calls never started");
+            std::thread::yield_now();
+        }
+        let started = Instant::now();
+        drop(store);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        // The detached workers return from their callbacks and stop there.
+        raw.free();
+        // They hold the store's shared state, and with it `raw`: its count
+        // falls to ours once every worker has exited.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&raw) > 1 {
+            assert!(Instant::now() < deadline, "detached workers never exited");
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            raw.calls.load(Ordering::SeqCst),
+            2,
+            "a destroyed store made a call"
         );
     }
 }

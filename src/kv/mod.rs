@@ -57,6 +57,12 @@ pub trait KeyValueStore: Send + Sync {
     /// Removes `key`; deleting an absent key is not an error. `UNIMPLEMENTED`
     /// if `capabilities().can_delete` is false.
     fn delete(&self, key: &str) -> Result<()>;
+    /// `delete`, reporting to `done`; stores whose delete waits on another
+    /// process or a framework's callback run it off the caller's thread.
+    /// `done` may run on the caller's thread.
+    fn delete_async(&self, key: &str, done: SetCallback) {
+        done(self.delete(key));
+    }
     /// Calls back with the value of `key` as soon as it is present (at once if
     /// it already is).
     fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId>;

@@ -231,19 +231,35 @@ impl KeyValueStore for PeerStore {
     }
 
     fn delete(&self, key: &str) -> Result<()> {
-        let reader = self.reader_of(key)?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.delete_async(
+            key,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        );
+        // The link answers every request: acked, failed, or at its deadline.
+        rx.recv()
+            .unwrap_or_else(|_| Err(status::internal("peer store: a delete was never answered")))
+    }
+
+    fn delete_async(&self, key: &str, done: SetCallback) {
+        let reader = match self.reader_of(key) {
+            Ok(reader) => reader,
+            Err(e) => return done(Err(e)),
+        };
         if reader == self.me {
-            return self.local.store.delete(key);
+            return done(self.local.store.delete(key));
         }
         match self.link(reader) {
-            Ok(link) => link.delete(key),
+            Ok(link) => link.delete_async(key, done),
             // The key lived in that process's memory: a peer whose link
             // closed and that takes no new one is gone, and the key with it.
             Err(e) if self.local.lost.lock().contains(&reader) => {
                 log::debug!("peer store: {key:?} went with process {reader} ({e})");
-                Ok(())
+                done(Ok(()))
             }
-            Err(e) => Err(e),
+            Err(e) => done(Err(e)),
         }
     }
 

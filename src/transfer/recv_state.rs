@@ -316,7 +316,7 @@ impl ReceiveTracker {
         })
     }
 
-    fn waiter_registered(&self, rx: &Arc<Receive>, generation: u64, id: WaiterId) {
+    fn waiter_registered(self: &Arc<Self>, rx: &Arc<Receive>, generation: u64, id: WaiterId) {
         let retire_now = {
             let mut phase = rx.phase.lock();
             match &mut *phase {
@@ -456,13 +456,35 @@ impl ReceiveTracker {
     }
 
     /// Deletes the buffer's keys. Only the thread that moved the phase to
-    /// `Retiring` calls this, after the outcome was published.
-    fn retire(&self, rx: &Arc<Receive>) {
+    /// `Retiring` calls this, after the outcome was published. The deletes
+    /// run asynchronously (a peer's store or a framework's callback answers
+    /// them), so no lifecycle thread waits on one; the receive is retired
+    /// once every delete answered.
+    fn retire(self: &Arc<Self>, rx: &Arc<Receive>) {
         self.cancel_deadline(rx);
-        let keys: Vec<&str> = std::iter::once(rx.key.as_str())
-            .chain(rx.extra_keys.iter().map(String::as_str))
+        let tracker = Arc::downgrade(self);
+        let retiring = rx.clone();
+        self.delete_keys(rx, move |failure| {
+            // Off the map first: a new receive may reuse the key name.
+            if let Some(tracker) = tracker.upgrade() {
+                let mut receives = tracker.receives.lock();
+                if receives
+                    .get(retiring.key.as_str())
+                    .is_some_and(|r| Arc::ptr_eq(r, &retiring))
+                {
+                    receives.remove(retiring.key.as_str());
+                }
+            }
+            Self::retired(&retiring, failure);
+        });
+    }
+
+    /// Deletes (or retains) `rx`'s keys, counting each outcome; `done` gets
+    /// the first delete failure once every delete answered.
+    fn delete_keys(&self, rx: &Receive, done: impl FnOnce(Option<Status>) + Send + 'static) {
+        let keys: Vec<String> = std::iter::once(rx.key.as_str().to_string())
+            .chain(rx.extra_keys.iter().cloned())
             .collect();
-        let mut failure = None;
         if !self.config.retire_keys || !self.store.capabilities().can_delete {
             log::debug!(
                 "receive {}: {} key(s) retained (store cannot delete, or retirement disabled)",
@@ -470,39 +492,60 @@ impl ReceiveTracker {
                 keys.len()
             );
             self.metrics.add_retained_keys(keys.len() as u64);
-        } else {
-            for key in keys {
-                match self.store.delete(key) {
-                    Ok(()) => self.metrics.add_keys_deleted(1),
-                    Err(e) => {
-                        log::error!(
-                            "receive {}: could not delete key {key}: {e} (the buffer's status \
-                             stands; the key stays in the store)",
-                            rx.key
-                        );
-                        self.metrics.add_delete_failures(1);
-                        failure.get_or_insert(e);
-                    }
-                }
-            }
+            return done(None);
         }
+        struct Deletes {
+            remaining: usize,
+            failure: Option<Status>,
+            done: Option<Box<dyn FnOnce(Option<Status>) + Send>>,
+        }
+        let deletes = Arc::new(Mutex::new(Deletes {
+            remaining: keys.len(),
+            failure: None,
+            done: Some(Box::new(done)),
+        }));
+        for key in keys {
+            let (metrics, deletes) = (self.metrics.clone(), deletes.clone());
+            let receive = rx.key.as_str().to_string();
+            let deleted_key = key.clone();
+            self.store.delete_async(
+                &key,
+                Box::new(move |outcome| {
+                    let mut state = deletes.lock();
+                    match outcome {
+                        Ok(()) => metrics.add_keys_deleted(1),
+                        Err(e) => {
+                            log::error!(
+                                "receive {receive}: could not delete key {deleted_key}: {e} (the \
+                                 buffer's status stands; the key stays in the store)"
+                            );
+                            metrics.add_delete_failures(1);
+                            state.failure.get_or_insert(e);
+                        }
+                    }
+                    state.remaining -= 1;
+                    if state.remaining == 0 {
+                        let (done, failure) = (state.done.take(), state.failure.take());
+                        drop(state);
+                        if let Some(done) = done {
+                            done(failure);
+                        }
+                    }
+                }),
+            );
+        }
+    }
+
+    /// The end of a receive: its keys are deleted, retained or failed.
+    fn retired(rx: &Receive, failure: Option<Status>) {
         crate::timeline!("receive {}: keys retired", rx.key);
         *rx.phase.lock() = Phase::Retired;
-        {
-            let mut receives = self.receives.lock();
-            if receives
-                .get(rx.key.as_str())
-                .is_some_and(|r| Arc::ptr_eq(r, rx))
-            {
-                receives.remove(rx.key.as_str());
-            }
-        }
         rx.retired.set(failure.map_or(Ok(()), Err));
     }
 
     // -- cancellation ---------------------------------------------------------
 
-    fn cancel(&self, rx: &Arc<Receive>, reason: Status) -> Result<()> {
+    fn cancel(self: &Arc<Self>, rx: &Arc<Receive>, reason: Status) -> Result<()> {
         {
             let mut phase = rx.phase.lock();
             match &*phase {
@@ -579,7 +622,7 @@ impl ReceiveTracker {
 
     /// Retires a published-early buffer's AsyncGet without any store
     /// wake-up, then its keys (see the module doc, rule 5).
-    fn retire_waiter_locally(&self, rx: &Arc<Receive>) {
+    fn retire_waiter_locally(self: &Arc<Self>, rx: &Arc<Receive>) {
         let waiter = {
             let mut phase = rx.phase.lock();
             match &mut *phase {
@@ -613,7 +656,7 @@ impl ReceiveTracker {
 
     // -- deadline -------------------------------------------------------------
 
-    fn on_deadline(&self, rx: &Arc<Receive>) {
+    fn on_deadline(self: &Arc<Self>, rx: &Arc<Receive>) {
         let timed_out = {
             let mut phase = rx.phase.lock();
             match &*phase {
@@ -676,7 +719,9 @@ impl Drop for ReceiveTracker {
             if let Some(id) = waiter {
                 self.store.cancel_async_get(rx.key.as_str(), id);
             }
-            self.retire(&rx);
+            self.cancel_deadline(&rx);
+            let retiring = rx.clone();
+            self.delete_keys(&rx, move |failure| Self::retired(&retiring, failure));
         }
     }
 }

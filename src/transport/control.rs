@@ -750,6 +750,21 @@ impl ControlLink {
         value: &[u8],
         done: Box<dyn FnOnce(Result<()>) + Send>,
     ) {
+        self.request_async(OP_SET, key, value, done);
+    }
+
+    /// `delete`, as `set_async`.
+    pub fn delete_async(self: &Arc<Self>, key: &str, done: Box<dyn FnOnce(Result<()>) + Send>) {
+        self.request_async(OP_DELETE, key, &[], done);
+    }
+
+    fn request_async(
+        self: &Arc<Self>,
+        op: u8,
+        key: &str,
+        value: &[u8],
+        done: Box<dyn FnOnce(Result<()>) + Send>,
+    ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let link = Arc::downgrade(self);
         let timeout = self.timeout;
@@ -763,13 +778,9 @@ impl ControlLink {
                 ))));
             }
         });
-        if let Err((e, waiter)) = self.send(
-            id,
-            OP_SET,
-            key,
-            value,
-            Waiter::Callback(done, Some(deadline)),
-        ) {
+        if let Err((e, waiter)) =
+            self.send(id, op, key, value, Waiter::Callback(done, Some(deadline)))
+        {
             waiter.complete(Err(e), &self.timer);
         }
     }
@@ -790,6 +801,15 @@ impl Drop for ControlLink {
     fn drop(&mut self) {
         self.dropping.store(true, Ordering::Release);
         self.writer.lock().shutdown_both();
+        // Nobody will answer what is still waiting.
+        let waiting: Vec<Waiter> = self.waiters.lock().drain().map(|(_, w)| w).collect();
+        for waiter in waiting {
+            let closed = format!(
+                "control link to process {} closed by this process",
+                self.peer
+            );
+            waiter.complete(Err(status::unavailable(closed)), &self.timer);
+        }
         if let Some(reader) = self.reader.lock().take() {
             crate::sync::runner::join_all_except_current(vec![reader], "ControlLink");
         }
