@@ -12,6 +12,7 @@ written (JAX's v1 fallback).
 from __future__ import annotations
 
 import time
+import zlib
 
 import pytest
 
@@ -321,3 +322,54 @@ def test_v1_descriptor_event_never_set_ends_in_deadline_exceeded_not_never(xh, a
     finally:
         c1.destroy()
         c0.destroy()
+
+
+def forged_descriptor(d: bytes, shift: int = 0, length: int | None = None) -> bytes:
+    """A hostile peer's forgery: a real descriptor of a 1-D u8 destination
+    whose offset moved ``shift`` bytes and, with ``length``, whose size
+    (byte_size and the one dim) changed, with a valid checksum (zlib crc32,
+    the last four bytes). Layout: magic, version, kind, flags, total length
+    (12 bytes), hostname, boot id (u16 length + bytes each), pid (u32),
+    allocation (u16 length + bytes), offset u64, byte_size u64, element
+    type u32, rank u16, dims i64..."""
+    body = bytearray(d[:-4])
+    at = 12
+    for _ in range(2):
+        at += 2 + int.from_bytes(body[at:at + 2], "little")
+    at += 4
+    at += 2 + int.from_bytes(body[at:at + 2], "little")
+    offset = int.from_bytes(body[at:at + 8], "little")
+    body[at:at + 8] = (offset + shift).to_bytes(8, "little")
+    if length is not None:
+        body[at + 8:at + 16] = length.to_bytes(8, "little")
+        assert int.from_bytes(body[at + 20:at + 22], "little") == 1, "not a 1-D destination"
+        body[at + 22:at + 30] = length.to_bytes(8, "little", signed=True)
+    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
+
+
+@pytest.mark.isolated
+def test_v1_a_descriptor_moved_inside_its_page_or_grown_is_refused_and_never_writes_the_neighbour(
+    xh, auto_pair
+):
+    # Two shared-memory destinations side by side; the second is complete
+    # when forgeries of the first, reaching into it, arrive.
+    c0, c1 = auto_pair
+    specs = [spec(BT.U8, 4096), spec(BT.U8, 4096)]
+    srcs, datas = sources(c0, specs, 90)
+    big = spec(BT.U8, 8192)
+    big_src = th.upload(c0, c0.addressable_devices()[0], big, th.make_data(big, 99))
+    r = receive(xh, c1, specs)
+    expect_sent(xh.copy_to_remote(srcs[1], r.descriptors[1]))
+    check_received(r, specs, datas, which=[1])
+    forgeries = [(f"moved by {n}", srcs[0], forged_descriptor(r.descriptors[0], shift=n))
+                 for n in (1, 8, 4088)]
+    forgeries.append(("grown to 8 KiB", big_src, forged_descriptor(r.descriptors[0], length=8192)))
+    for name, src, forged in forgeries:
+        err, _ = xh.copy_to_remote(src, forged).wait()
+        assert err is not None, f"a descriptor {name} was accepted"
+        assert err.code in (EC.INVALID_ARGUMENT, EC.FAILED_PRECONDITION), (name, err)
+        check_received(r, specs, datas, which=[1])  # the neighbour is intact
+        assert not th.is_buffer_ready(r.buffers[0]), f"{name}: the buffer completed"
+    # The real descriptor still works: the forgeries claimed nothing.
+    expect_sent(xh.copy_to_remote(srcs[0], r.descriptors[0]))
+    check_received(r, specs, datas)

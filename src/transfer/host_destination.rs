@@ -15,6 +15,7 @@ use crate::backend::shared::SharedHostMemory;
 use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
 use crate::transport::auth_token::AuthToken;
+use crate::transport::claim::ClaimRange;
 use crate::transport::shm::SharedRegion;
 use crate::transport::shm_pool::{ShmLease, ShmPool};
 use crate::transport::tcp::TcpReceiveServer;
@@ -49,7 +50,7 @@ pub enum HostRoute<'a> {
 pub struct HostDestination {
     memory: Arc<SharedHostMemory>,
     lease: Arc<ShmLease>,
-    nonce: u64,
+    claim: ClaimRange,
     /// The TCP token registered for this destination, if offered over TCP.
     tcp_token: Option<AuthToken>,
     allocation: AllocationHandle,
@@ -69,7 +70,12 @@ impl HostDestination {
     ) -> Result<HostDestination> {
         let memory = Arc::new(SharedHostMemory::new(pool.allocate(byte_size)?, counters));
         let lease = memory.lease().clone();
-        lease.claim_slot().arm(nonce);
+        let claim = ClaimRange {
+            nonce,
+            offset: lease.offset(),
+            len: byte_size as u64,
+        };
+        lease.claim_slot().arm(&claim)?;
         let (allocation, offset, tcp_token) = match route {
             HostRoute::Tcp(server, token) => {
                 server.register(token, lease.clone())?;
@@ -90,7 +96,7 @@ impl HostDestination {
         Ok(HostDestination {
             memory,
             lease,
-            nonce,
+            claim,
             tcp_token,
             allocation,
             offset,
@@ -103,7 +109,7 @@ impl HostDestination {
     /// land, so the range is never handed out again); a dedicated region
     /// loses its name (the buffer keeps the mapping).
     pub fn retire(&self, outcome: &Outcome, tcp_server: Option<&TcpReceiveServer>) {
-        let mut claimed = !self.lease.claim_slot().close_unclaimed(self.nonce);
+        let mut claimed = !self.lease.claim_slot().close_unclaimed(&self.claim);
         if let (Some(token), Some(server)) = (&self.tcp_token, tcp_server) {
             if server.unregister(token).is_none() {
                 claimed = true;

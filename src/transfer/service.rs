@@ -27,6 +27,7 @@ use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
 use crate::transport::auth_token::AuthToken;
+use crate::transport::claim::ClaimRange;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 use crate::transport::shm::SharedRegion;
@@ -730,22 +731,28 @@ impl TransferService {
                         .map_err(CopyError::Refused)?,
                 };
                 descriptor.check_fits_in(region.len() as u64)?;
-                // Single use: take the destination before writing a byte.
+                // Single use: take the destination's exact range before
+                // writing a byte, and write nothing outside it.
+                let claim = ClaimRange {
+                    nonce: descriptor.nonce,
+                    offset: descriptor.offset,
+                    len: descriptor.byte_size,
+                };
                 region
                     .claim_slot(descriptor.offset)?
-                    .claim(descriptor.nonce)
+                    .claim(&claim)
                     .map_err(|e| {
                         CopyError::Refused(Status::new(
                             e.code,
                             format!("{function}: {}", e.message),
                         ))
                     })?;
+                let len = source.spec.byte_size as u64;
+                claim.check_write(descriptor.offset, len)?;
                 // Straight into the mapping: a host source is one memcpy, a
                 // compute plugin's buffer is read back into it directly.
                 let offset = descriptor.offset as usize;
-                Ok(region.fill_at(offset, source.spec.byte_size, |dst| {
-                    source.memory.read(0, dst)
-                })?)
+                Ok(region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?)
             }
             AllocationHandle::Tcp { endpoint } => source
                 .memory

@@ -1,5 +1,6 @@
 use super::*;
 use crate::status::Code;
+use crate::transport::claim::ClaimRange;
 
 fn small_pool(max_segments: usize) -> ShmPool {
     ShmPool::new(ShmPoolConfig {
@@ -115,16 +116,33 @@ fn every_lease_has_its_own_claim_slot_in_the_table() {
     let a = pool.allocate(4096).unwrap();
     let b = pool.allocate(4096).unwrap();
     let dedicated = pool.allocate(0).unwrap();
-    a.claim_slot().arm(1);
-    b.claim_slot().arm(2);
-    dedicated.claim_slot().arm(3);
+    let range = |lease: &ShmLease, nonce| ClaimRange {
+        nonce,
+        offset: lease.offset(),
+        len: lease.len() as u64,
+    };
+    a.claim_slot().arm(&range(&a, 1)).unwrap();
+    b.claim_slot().arm(&range(&b, 2)).unwrap();
+    dedicated.claim_slot().arm(&range(&dedicated, 3)).unwrap();
     // A sender mapping the whole object sees the same slots.
     let whole = SharedRegion::open_whole(a.segment_name()).unwrap();
-    whole.claim_slot(a.offset()).unwrap().claim(1).unwrap();
-    assert!(whole.claim_slot(b.offset()).unwrap().claim(1).is_err());
-    whole.claim_slot(b.offset()).unwrap().claim(2).unwrap();
+    whole
+        .claim_slot(a.offset())
+        .unwrap()
+        .claim(&range(&a, 1))
+        .unwrap();
+    assert!(whole
+        .claim_slot(b.offset())
+        .unwrap()
+        .claim(&range(&b, 1))
+        .is_err());
+    whole
+        .claim_slot(b.offset())
+        .unwrap()
+        .claim(&range(&b, 2))
+        .unwrap();
     assert!(
-        !a.claim_slot().close_unclaimed(1),
+        !a.claim_slot().close_unclaimed(&range(&a, 1)),
         "a's claim is visible to its owner"
     );
     // Offsets inside the table have no slot.
