@@ -109,8 +109,3 @@ macro_rules! pjrt_entry {
         }
     };
 }
-
-/// Names the function for error messages inside an entry body.
-pub(crate) fn null_field(function: &str, field: &str) -> crate::status::Status {
-    invalid_argument(format!("{function}: {field} is null"))
-}

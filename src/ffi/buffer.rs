@@ -1,23 +1,11 @@
 //! PJRT_Buffer_*: queries, reads back to the host, copies between devices.
+use super::args::{buffer_arg, check_default_layout, null_field};
 use super::bindings::*;
-use super::boundary::null_field;
-use super::client::check_default_layout;
 use super::handles::{
     into_raw, try_borrow, try_take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
 };
 use crate::api::buffer::Buffer;
 use crate::status::{invalid_argument, out_of_range, Result};
-
-/// # Safety
-/// `buffer` must be null or a live buffer handle.
-pub(crate) unsafe fn buffer_arg<'a>(
-    buffer: *mut PJRT_Buffer,
-    function: &str,
-    field: &str,
-) -> Result<&'a BufferHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<BufferHandle>(buffer, function, field) }
-}
 
 /// A caller's destination pointer, carried to whichever thread completes the
 /// read.

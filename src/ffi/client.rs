@@ -1,19 +1,20 @@
 //! PJRT_Client_*: creation, topology queries, buffers from host memory.
 use std::sync::Arc;
 
+use super::args::{
+    check_default_layout, client_arg, null_field, read_dims, read_named_values, str_out,
+};
 use super::bindings::*;
-use super::boundary::null_field;
 use super::handles::{
     into_raw, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
     MemoryHandle,
 };
-use super::strings::{read_named_values, str_out};
 use crate::api::buffer::HostArray;
 use crate::api::client::{Client, PLATFORM_NAME};
 use crate::api::device::Device;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::options::ClientOptions;
-use crate::status::{invalid_argument, unimplemented, Result};
+use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 
 crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
@@ -44,18 +45,6 @@ crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_A
     drop(unsafe { try_take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())
 });
-
-/// Borrows the client named in an args struct.
-///
-/// # Safety
-/// `client` must be null or a client handle that has not been destroyed.
-pub(crate) unsafe fn client_arg<'a>(
-    client: *mut PJRT_Client,
-    function: &str,
-) -> Result<&'a ClientHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<ClientHandle>(client, function, "client") }
-}
 
 crate::pjrt_entry!(client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
     // SAFETY: live client per contract.
@@ -179,87 +168,6 @@ pub(crate) unsafe fn destination_device(
         )));
     }
     Ok(device)
-}
-
-/// Reads a `num_dims`/`dims` pair.
-///
-/// # Safety
-/// `dims` must be null or point to `num_dims` readable int64s.
-pub(crate) unsafe fn read_dims(
-    dims: *const i64,
-    num_dims: usize,
-    function: &str,
-) -> Result<Vec<i64>> {
-    if num_dims == 0 {
-        return Ok(Vec::new());
-    }
-    if dims.is_null() {
-        return Err(null_field(function, "dims"));
-    }
-    // SAFETY: forwarded contract.
-    Ok(unsafe { std::slice::from_raw_parts(dims, num_dims) }.to_vec())
-}
-
-/// Only the dense row-major layout exists on this backend.
-///
-/// # Safety
-/// `layout` must be null or a readable `PJRT_Buffer_MemoryLayout`.
-pub(crate) unsafe fn check_default_layout(
-    layout: *const PJRT_Buffer_MemoryLayout,
-    shape: &Shape,
-    function: &str,
-) -> Result<()> {
-    if layout.is_null() {
-        return Ok(());
-    }
-    // SAFETY: forwarded contract.
-    let layout = unsafe { &*layout };
-    let is_default = match layout.type_ {
-        PJRT_Buffer_MemoryLayout_Type_Tiled => {
-            // SAFETY: `type_` selects the tiled member of the union.
-            let tiled = unsafe { &layout.__bindgen_anon_1.tiled };
-            let minor_to_major = if tiled.minor_to_major_size == 0 {
-                Vec::new()
-            } else if tiled.minor_to_major.is_null() {
-                return Err(null_field(function, "layout.tiled.minor_to_major"));
-            } else {
-                // SAFETY: header promises minor_to_major_size entries.
-                unsafe {
-                    std::slice::from_raw_parts(tiled.minor_to_major, tiled.minor_to_major_size)
-                }
-                .to_vec()
-            };
-            tiled.num_tiles == 0 && minor_to_major == shape.default_minor_to_major()
-        }
-        PJRT_Buffer_MemoryLayout_Type_Strides => {
-            // SAFETY: `type_` selects the strides member of the union.
-            let strides = unsafe { &layout.__bindgen_anon_1.strides };
-            let given = if strides.num_byte_strides == 0 {
-                Vec::new()
-            } else if strides.byte_strides.is_null() {
-                return Err(null_field(function, "layout.strides.byte_strides"));
-            } else {
-                // SAFETY: header promises num_byte_strides entries.
-                unsafe {
-                    std::slice::from_raw_parts(strides.byte_strides, strides.num_byte_strides)
-                }
-                .to_vec()
-            };
-            given == shape.dense_byte_strides()
-        }
-        other => {
-            return Err(invalid_argument(format!(
-                "{function}: unknown memory layout type {other}"
-            )))
-        }
-    };
-    if is_default {
-        Ok(())
-    } else {
-        Err(unimplemented(format!(
-            "{function}: only the dense row-major layout is supported on this device"
-        )))
-    }
 }
 
 crate::pjrt_entry!(client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {

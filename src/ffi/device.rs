@@ -1,27 +1,5 @@
 //! PJRT_Device_* and PJRT_DeviceDescription_*.
-use super::handles::{try_borrow, DescriptionHandle, DeviceHandle};
-use super::strings::str_out;
-use crate::status::Result;
-
-/// # Safety
-/// `device` must be null or a live device handle.
-unsafe fn device_arg<'a>(
-    device: *mut super::bindings::PJRT_Device,
-    function: &str,
-) -> Result<&'a DeviceHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<DeviceHandle>(device, function, "device") }
-}
-
-/// # Safety
-/// `description` must be null or a live description handle.
-unsafe fn description_arg<'a>(
-    description: *mut super::bindings::PJRT_DeviceDescription,
-    function: &str,
-) -> Result<&'a DescriptionHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<DescriptionHandle>(description, function, "device_description") }
-}
+use super::args::{description_arg, device_arg, str_out};
 
 crate::pjrt_entry!(device_get_description = "PJRT_Device_GetDescription", PJRT_Device_GetDescription_Args through device_description, |args| {
     // SAFETY: live handle per contract.

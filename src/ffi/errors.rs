@@ -177,7 +177,7 @@ pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args
 
 crate::pjrt_entry!(error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {
     if args.error.is_null() {
-        return Err(super::boundary::null_field("PJRT_Error_GetCode", "error"));
+        return Err(super::args::null_field("PJRT_Error_GetCode", "error"));
     }
     // SAFETY: `error` is a live PJRT_Error; its vtable answers.
     args.code = unsafe {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::args::{client_arg, null_field};
 use super::bindings::*;
-use super::boundary::null_field;
 use super::handles::{try_borrow, ClientHandle};
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
@@ -79,7 +79,7 @@ unsafe fn read_process_infos(
 // incarnation snapshot (v8 fields), so this only checks and logs the report.
 crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
     // SAFETY: live client per contract.
-    let client = unsafe { super::client::client_arg(args.client, UPDATE_PROCESS_INFO) }?;
+    let client = unsafe { client_arg(args.client, UPDATE_PROCESS_INFO) }?;
     if args.num_process_infos > 0 && args.process_infos.is_null() {
         return Err(null_field(UPDATE_PROCESS_INFO, "process_infos"));
     }

@@ -1,17 +1,5 @@
 //! PJRT_Memory_*.
-use super::handles::{try_borrow, MemoryHandle};
-use super::strings::str_out;
-use crate::status::Result;
-
-/// # Safety
-/// `memory` must be null or a live memory handle.
-unsafe fn memory_arg<'a>(
-    memory: *mut super::bindings::PJRT_Memory,
-    function: &str,
-) -> Result<&'a MemoryHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }
-}
+use super::args::{memory_arg, str_out};
 
 crate::pjrt_entry!(memory_id = "PJRT_Memory_Id", PJRT_Memory_Id_Args through id, |args| {
     // SAFETY: live handle per contract.

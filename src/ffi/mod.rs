@@ -2,6 +2,7 @@
 //! safe layers below. No logic beyond translation lives here.
 // PJRT constants keep their C names.
 #![allow(non_upper_case_globals)]
+mod args;
 pub mod bindings;
 pub(crate) mod boundary;
 mod buffer;
@@ -18,7 +19,6 @@ pub mod logging;
 mod memory;
 mod metrics_export;
 mod plugin;
-mod strings;
 mod transfers;
 pub(crate) mod unimplemented;
 

@@ -10,9 +10,9 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::args::{array, check_default_layout, client_arg, null_field, read_dims, read_str};
 use super::bindings::*;
-use super::boundary::{null_field, panic_message, run_entry};
-use super::client::{client_arg, read_dims};
+use super::boundary::{panic_message, run_entry};
 use super::errors::{error_into_raw, take_error};
 use super::handles::{
     into_raw, route, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
@@ -28,19 +28,6 @@ const MAKE: &str = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers";
 const COPY: &str = "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice";
 const RECV: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
 const SEND: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
-
-/// # Safety
-/// `ptr` must be null or point to `len` readable `T`s.
-unsafe fn array<'a, T>(ptr: *const T, len: usize, function: &str, field: &str) -> Result<&'a [T]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(null_field(function, field));
-    }
-    // SAFETY: forwarded contract.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
-}
 
 /// Reads the shape arrays shared by both receive entries.
 ///
@@ -80,7 +67,7 @@ unsafe fn read_shapes(
         let shape = Shape::new(element_type, d, &context)?;
         if let Some(layouts) = layouts {
             // SAFETY: entries are null (default) or readable layouts.
-            unsafe { super::client::check_default_layout(layouts[i], &shape, &context) }?;
+            unsafe { check_default_layout(layouts[i], &shape, &context) }?;
         }
         shapes.push(shape);
     }
@@ -252,10 +239,8 @@ unsafe extern "C" fn cancel_notifier(
             )
         }?;
         // SAFETY: message bytes valid for the stated size.
-        let message = unsafe {
-            super::strings::read_str(error_message, error_message_size, F, "error_message")
-        }
-        .unwrap_or_default();
+        let message = unsafe { read_str(error_message, error_message_size, F, "error_message") }
+            .unwrap_or_default();
         let code = if reason == 0 {
             Code::Cancelled
         } else {
