@@ -11,7 +11,8 @@ use std::os::raw::c_char;
 
 use super::bindings::*;
 use super::handles::{
-    try_borrow, BufferHandle, ClientHandle, DescriptionHandle, DeviceHandle, MemoryHandle,
+    try_borrow, try_take, BufferHandle, Castable, ClientHandle, DescriptionHandle, DeviceHandle,
+    EventHandle, MemoryHandle, OwnedBox,
 };
 use crate::api::element_type::Shape;
 use crate::api::options::OptionValue;
@@ -53,14 +54,8 @@ pub(crate) unsafe fn read_dims(
     num_dims: usize,
     function: &str,
 ) -> Result<Vec<i64>> {
-    if num_dims == 0 {
-        return Ok(Vec::new());
-    }
-    if dims.is_null() {
-        return Err(null_field(function, "dims"));
-    }
     // SAFETY: forwarded contract.
-    Ok(unsafe { std::slice::from_raw_parts(dims, num_dims) }.to_vec())
+    Ok(unsafe { array(dims, num_dims, function, "dims") }?.to_vec())
 }
 
 /// Only the dense row-major layout exists on this backend.
@@ -81,33 +76,29 @@ pub(crate) unsafe fn check_default_layout(
         PJRT_Buffer_MemoryLayout_Type_Tiled => {
             // SAFETY: `type_` selects the tiled member of the union.
             let tiled = unsafe { &layout.__bindgen_anon_1.tiled };
-            let minor_to_major = if tiled.minor_to_major_size == 0 {
-                Vec::new()
-            } else if tiled.minor_to_major.is_null() {
-                return Err(null_field(function, "layout.tiled.minor_to_major"));
-            } else {
-                // SAFETY: header promises minor_to_major_size entries.
-                unsafe {
-                    std::slice::from_raw_parts(tiled.minor_to_major, tiled.minor_to_major_size)
-                }
-                .to_vec()
-            };
+            // SAFETY: header promises minor_to_major_size entries.
+            let minor_to_major = unsafe {
+                array(
+                    tiled.minor_to_major,
+                    tiled.minor_to_major_size,
+                    function,
+                    "layout.tiled.minor_to_major",
+                )
+            }?;
             tiled.num_tiles == 0 && minor_to_major == shape.default_minor_to_major()
         }
         PJRT_Buffer_MemoryLayout_Type_Strides => {
             // SAFETY: `type_` selects the strides member of the union.
             let strides = unsafe { &layout.__bindgen_anon_1.strides };
-            let given = if strides.num_byte_strides == 0 {
-                Vec::new()
-            } else if strides.byte_strides.is_null() {
-                return Err(null_field(function, "layout.strides.byte_strides"));
-            } else {
-                // SAFETY: header promises num_byte_strides entries.
-                unsafe {
-                    std::slice::from_raw_parts(strides.byte_strides, strides.num_byte_strides)
-                }
-                .to_vec()
-            };
+            // SAFETY: header promises num_byte_strides entries.
+            let given = unsafe {
+                array(
+                    strides.byte_strides,
+                    strides.num_byte_strides,
+                    function,
+                    "layout.strides.byte_strides",
+                )
+            }?;
             given == shape.dense_byte_strides()
         }
         other => {
@@ -152,6 +143,20 @@ pub(crate) unsafe fn read_str(
         .map_err(|_| invalid_argument(format!("{function}: {field} is not valid UTF-8")))
 }
 
+/// Text that has no wrong value (an error message the caller sends us):
+/// null or empty is "", bytes that are not UTF-8 are replaced.
+///
+/// # Safety
+/// `ptr` must be null or point to `len` readable bytes.
+pub(crate) unsafe fn lossy_str(ptr: *const c_char, len: usize) -> String {
+    if ptr.is_null() || len == 0 {
+        return String::new();
+    }
+    // SAFETY: forwarded contract.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
 /// # Safety
 /// `values` must be null or point to `count` readable `PJRT_NamedValue`s whose
 /// pointers are valid for the sizes they state.
@@ -183,18 +188,15 @@ pub(crate) unsafe fn read_named_values(
                     "option string value",
                 )?),
                 PJRT_NamedValue_kInt64 => OptionValue::Int(v.__bindgen_anon_1.int64_value),
-                PJRT_NamedValue_kInt64List => {
-                    let p = v.__bindgen_anon_1.int64_array_value;
-                    if v.value_size > 0 && p.is_null() {
-                        return Err(null_field(function, "option int64 list"));
-                    }
-                    let list = if v.value_size == 0 {
-                        Vec::new()
-                    } else {
-                        std::slice::from_raw_parts(p, v.value_size).to_vec()
-                    };
-                    OptionValue::IntList(list)
-                }
+                PJRT_NamedValue_kInt64List => OptionValue::IntList(
+                    array(
+                        v.__bindgen_anon_1.int64_array_value,
+                        v.value_size,
+                        function,
+                        "option int64 list",
+                    )?
+                    .to_vec(),
+                ),
                 PJRT_NamedValue_kFloat => OptionValue::Float(v.__bindgen_anon_1.float_value),
                 PJRT_NamedValue_kBool => OptionValue::Bool(v.__bindgen_anon_1.bool_value),
                 other => {
@@ -210,13 +212,16 @@ pub(crate) unsafe fn read_named_values(
 }
 
 // ------------------------------ handles --------------------------------------
+//
+// Borrowed handles (`try_borrow`): the caller keeps its handle. Helpers whose
+// field name varies between entries take it; the others name it themselves.
 
 /// Borrows the client named in an args struct.
 ///
 /// # Safety
 /// `client` must be null or a client handle that has not been destroyed.
 pub(crate) unsafe fn client_arg<'a>(
-    client: *mut PJRT_Client,
+    client: *const PJRT_Client,
     function: &str,
 ) -> Result<&'a ClientHandle> {
     // SAFETY: forwarded contract.
@@ -228,9 +233,10 @@ pub(crate) unsafe fn client_arg<'a>(
 pub(crate) unsafe fn device_arg<'a>(
     device: *mut PJRT_Device,
     function: &str,
+    field: &str,
 ) -> Result<&'a DeviceHandle> {
     // SAFETY: forwarded contract.
-    unsafe { try_borrow::<DeviceHandle>(device, function, "device") }
+    unsafe { try_borrow::<DeviceHandle>(device, function, field) }
 }
 
 /// # Safety
@@ -248,9 +254,10 @@ pub(crate) unsafe fn description_arg<'a>(
 pub(crate) unsafe fn memory_arg<'a>(
     memory: *mut PJRT_Memory,
     function: &str,
+    field: &str,
 ) -> Result<&'a MemoryHandle> {
     // SAFETY: forwarded contract.
-    unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }
+    unsafe { try_borrow::<MemoryHandle>(memory, function, field) }
 }
 
 /// # Safety
@@ -262,4 +269,32 @@ pub(crate) unsafe fn buffer_arg<'a>(
 ) -> Result<&'a BufferHandle> {
     // SAFETY: forwarded contract.
     unsafe { try_borrow::<BufferHandle>(buffer, function, field) }
+}
+
+/// # Safety
+/// `event` must be null or a live event handle.
+pub(crate) unsafe fn event_arg<'a>(
+    event: *mut PJRT_Event,
+    function: &str,
+) -> Result<&'a EventHandle> {
+    // SAFETY: forwarded contract.
+    unsafe { try_borrow::<EventHandle>(event, function, "event") }
+}
+
+/// Takes back an owned handle (client, buffer, event) a `_Destroy` entry
+/// was given; `None` for null, which the header allows destroying.
+///
+/// # Safety
+/// `handle` must be null or a live owned handle of type `H` that the caller
+/// gives up here.
+pub(crate) unsafe fn owned_arg<H: Castable<Ownership = OwnedBox>>(
+    handle: *mut H::C,
+    function: &str,
+    field: &str,
+) -> Result<Option<Box<H>>> {
+    if handle.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded contract.
+    unsafe { try_take::<H>(handle, function, field) }.map(Some)
 }

@@ -1,9 +1,9 @@
 //! PJRT_Buffer_*: queries, reads back to the host, copies between devices.
-use super::args::{buffer_arg, check_default_layout, null_field};
-use super::bindings::*;
-use super::handles::{
-    into_raw, try_borrow, try_take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
+use super::args::{
+    buffer_arg, check_default_layout, device_arg, memory_arg, null_field, owned_arg,
 };
+use super::bindings::*;
+use super::handles::{into_raw, BufferHandle, EventHandle};
 use crate::api::buffer::Buffer;
 use crate::status::{invalid_argument, out_of_range, Result};
 
@@ -26,11 +26,8 @@ impl HostDestination {
 }
 
 crate::pjrt_entry!(buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_Args through buffer, |args| {
-    if args.buffer.is_null() {
-        return Ok(()); // The header allows destroying nullptr.
-    }
-    // SAFETY: the caller gives up its owned buffer handle.
-    drop(unsafe { try_take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
+    // SAFETY: the caller gives up its owned buffer handle (or null).
+    drop(unsafe { owned_arg::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
     Ok(())
 });
 
@@ -216,7 +213,7 @@ crate::pjrt_entry!(buffer_copy_to_device = "PJRT_Buffer_CopyToDevice", PJRT_Buff
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let device = unsafe { try_borrow::<DeviceHandle>(args.dst_device, F, "dst_device") }?;
+    let device = unsafe { device_arg(args.dst_device, F, "dst_device") }?;
     args.dst_buffer = copy_to(b, &device.device, F)?;
     Ok(())
 });
@@ -226,7 +223,7 @@ crate::pjrt_entry!(buffer_copy_to_memory = "PJRT_Buffer_CopyToMemory", PJRT_Buff
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let memory = unsafe { try_borrow::<MemoryHandle>(args.dst_memory, F, "dst_memory") }?;
+    let memory = unsafe { memory_arg(args.dst_memory, F, "dst_memory") }?;
     let device = b.client.device_by_global_id(memory.memory.device_global_id(), F)?.clone();
     args.dst_buffer = copy_to(b, &device, F)?;
     Ok(())

@@ -2,13 +2,11 @@
 use std::sync::Arc;
 
 use super::args::{
-    check_default_layout, client_arg, null_field, read_dims, read_named_values, str_out,
+    check_default_layout, client_arg, device_arg, memory_arg, null_field, owned_arg, read_dims,
+    read_named_values, str_out,
 };
 use super::bindings::*;
-use super::handles::{
-    into_raw, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
-    MemoryHandle,
-};
+use super::handles::{into_raw, BufferHandle, ClientHandle, EventHandle};
 use crate::api::buffer::HostArray;
 use crate::api::client::{Client, PLATFORM_NAME};
 use crate::api::device::Device;
@@ -38,11 +36,8 @@ crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args
 });
 
 crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
-    if args.client.is_null() {
-        return Ok(()); // The header allows destroying nullptr.
-    }
-    // SAFETY: the caller gives up its owned client handle.
-    drop(unsafe { try_take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
+    // SAFETY: the caller gives up its owned client handle (or null).
+    drop(unsafe { owned_arg::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())
 });
 
@@ -124,7 +119,7 @@ pub(crate) unsafe fn destination_device(
     } else {
         // SAFETY: forwarded contract.
         Some(
-            unsafe { try_borrow::<DeviceHandle>(device, function, "device") }?
+            unsafe { device_arg(device, function, "device") }?
                 .device
                 .clone(),
         )
@@ -133,7 +128,7 @@ pub(crate) unsafe fn destination_device(
         None
     } else {
         // SAFETY: forwarded contract.
-        let memory = unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }?;
+        let memory = unsafe { memory_arg(memory, function, "memory") }?;
         Some(
             client
                 .client

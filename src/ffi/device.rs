@@ -3,28 +3,28 @@ use super::args::{description_arg, device_arg, str_out};
 
 crate::pjrt_entry!(device_get_description = "PJRT_Device_GetDescription", PJRT_Device_GetDescription_Args through device_description, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_GetDescription") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_GetDescription", "device") }?;
     args.device_description = device.description_ptr();
     Ok(())
 });
 
 crate::pjrt_entry!(device_is_addressable = "PJRT_Device_IsAddressable", PJRT_Device_IsAddressable_Args through is_addressable, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_IsAddressable") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_IsAddressable", "device") }?;
     args.is_addressable = device.device.addressable;
     Ok(())
 });
 
 crate::pjrt_entry!(device_local_hardware_id = "PJRT_Device_LocalHardwareId", PJRT_Device_LocalHardwareId_Args through local_hardware_id, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_LocalHardwareId") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_LocalHardwareId", "device") }?;
     args.local_hardware_id = device.device.local_hardware_id;
     Ok(())
 });
 
 crate::pjrt_entry!(device_addressable_memories = "PJRT_Device_AddressableMemories", PJRT_Device_AddressableMemories_Args through num_memories, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_AddressableMemories") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_AddressableMemories", "device") }?;
     if device.device.addressable {
         args.memories = device.memories.0.as_ptr();
         args.num_memories = device.memories.0.len();
@@ -37,14 +37,14 @@ crate::pjrt_entry!(device_addressable_memories = "PJRT_Device_AddressableMemorie
 
 crate::pjrt_entry!(device_default_memory = "PJRT_Device_DefaultMemory", PJRT_Device_DefaultMemory_Args through memory, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_DefaultMemory") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_DefaultMemory", "device") }?;
     args.memory = device.memory_ptr();
     Ok(())
 });
 
 crate::pjrt_entry!(device_memory_stats = "PJRT_Device_MemoryStats", PJRT_Device_MemoryStats_Args through bytes_in_use, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_MemoryStats") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_MemoryStats", "device") }?;
     let stats = device.device.counters.snapshot();
     args.bytes_in_use = stats.bytes_in_use;
     // Optional fields exist only when the caller's struct is large enough.
@@ -140,7 +140,7 @@ unsafe extern "C" fn device_attributes_keep(
 // attributes are the description's (they live as long as the device).
 crate::pjrt_entry!(device_get_attributes = "PJRT_Device_GetAttributes", PJRT_Device_GetAttributes_Args through num_attributes, |args| {
     // SAFETY: live handle per contract.
-    let device = unsafe { device_arg(args.device, "PJRT_Device_GetAttributes") }?;
+    let device = unsafe { device_arg(args.device, "PJRT_Device_GetAttributes", "device") }?;
     args.attributes = device.description.attributes.values.as_ptr();
     args.num_attributes = device.description.attributes.values.len();
     if crate::has_field!(args, super::bindings::PJRT_Device_GetAttributes_Args, attributes_deleter) {

@@ -83,15 +83,8 @@ pub(crate) unsafe fn take_error(error: *mut PJRT_Error) -> Option<Status> {
                 // SAFETY: vtable function of a live error, out-params valid.
                 unsafe { f(error, &mut message, &mut size) };
             }
-            let text = if message.is_null() {
-                String::new()
-            } else {
-                // SAFETY: the vtable promises `size` readable bytes.
-                String::from_utf8_lossy(unsafe {
-                    std::slice::from_raw_parts(message as *const u8, size)
-                })
-                .into_owned()
-            };
+            // SAFETY: the vtable promises `size` readable bytes.
+            let text = unsafe { super::args::lossy_str(message, size) };
             if let Some(f) = t.destroy {
                 // SAFETY: we own the error and destroy it once.
                 unsafe { f(error) };

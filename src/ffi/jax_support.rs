@@ -9,7 +9,6 @@ use parking_lot::Mutex;
 
 use super::args::{client_arg, null_field};
 use super::bindings::*;
-use super::handles::{try_borrow, ClientHandle};
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
 
@@ -111,7 +110,7 @@ crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client
         return Err(status);
     }
     // SAFETY: client_create succeeded, so `client` is the live handle it made.
-    let handle = unsafe { try_borrow::<ClientHandle>(args.client, "PJRT_Client_Create", "client") }?;
+    let handle = unsafe { client_arg(args.client, "PJRT_Client_Create") }?;
     let mut live = LIVE_CLIENTS.lock();
     live.retain(|c| c.strong_count() > 0);
     live.push(Arc::downgrade(&handle.client));

@@ -2,8 +2,8 @@
 use std::ffi::CString;
 use std::os::raw::c_char;
 
+use super::args::client_arg;
 use super::bindings::PJRT_Client;
-use super::handles::{try_borrow, ClientHandle};
 
 /// JSON snapshot of the client's transfer metrics; NULL for a null or
 /// invalid client. Free with `pjrt_crosshost_free_string`.
@@ -11,8 +11,7 @@ use super::handles::{try_borrow, ClientHandle};
 pub extern "C" fn pjrt_crosshost_metrics_json(client: *const PJRT_Client) -> *mut c_char {
     std::panic::catch_unwind(|| {
         // SAFETY: null or a live client handle (the tag check rejects others).
-        match unsafe { try_borrow::<ClientHandle>(client, "pjrt_crosshost_metrics_json", "client") }
-        {
+        match unsafe { client_arg(client, "pjrt_crosshost_metrics_json") } {
             Ok(handle) => CString::new(handle.client.metrics_json())
                 .map(CString::into_raw)
                 .unwrap_or(std::ptr::null_mut()),

@@ -10,14 +10,14 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::args::{array, check_default_layout, client_arg, null_field, read_dims, read_str};
+use super::args::{
+    array, buffer_arg, check_default_layout, client_arg, device_arg, event_arg, null_field,
+    read_dims, read_str,
+};
 use super::bindings::*;
 use super::boundary::{panic_message, run_entry};
 use super::errors::{error_into_raw, take_error};
-use super::handles::{
-    into_raw, route, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
-    Route,
-};
+use super::handles::{into_raw, route, try_take, BufferHandle, ClientHandle, EventHandle, Route};
 use crate::api::client::Client;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::transfers::{PeerIncarnations, ReceiveSpec, ReceivedBuffer, SourceBuffer};
@@ -130,7 +130,7 @@ crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_Cros
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, RECV) }?;
     // SAFETY: live device per contract.
-    let device = unsafe { try_borrow::<DeviceHandle>(args.device, RECV, "device") }?;
+    let device = unsafe { device_arg(args.device, RECV, "device") }?;
     // SAFETY: the header's arrays of num_shapes entries.
     let shapes = unsafe {
         read_shapes(args.num_shapes, args.shape_num_dims, args.num_dims as *const *const i64, args.element_types, args.layouts, RECV)
@@ -293,7 +293,7 @@ pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
         // SAFETY: live client per contract.
         let client = unsafe { client_arg(args.client, MAKE) }?;
         // SAFETY: live device per contract.
-        let device = unsafe { try_borrow::<DeviceHandle>(args.device, MAKE, "device") }?;
+        let device = unsafe { device_arg(args.device, MAKE, "device") }?;
         let notifier = args
             .notifier
             .notifier
@@ -495,7 +495,7 @@ fn start_copy_to_remote(
         None
     } else {
         // SAFETY: the caller transfers ownership of a live event.
-        let event = unsafe { try_borrow::<EventHandle>(args.event, COPY, "event") }?;
+        let event = unsafe { event_arg(args.event, COPY) }?;
         let future = event.future.clone();
         let owned = OwnedEvent(args.event as usize);
         future.on_ready(move |_| owned.destroy());
@@ -555,9 +555,7 @@ fn embedded_owner(
     _buffer: &Arc<crate::api::buffer::Buffer>,
 ) -> Result<Arc<Client>> {
     // SAFETY: `source_buffer` just established that `raw` is our live buffer.
-    Ok(unsafe { try_borrow::<BufferHandle>(raw, COPY, "buffer") }?
-        .client
-        .clone())
+    Ok(unsafe { buffer_arg(raw, COPY, "buffer") }?.client.clone())
 }
 
 /// The delegating client whose compute plugin made `buffer`.

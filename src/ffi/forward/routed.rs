@@ -5,9 +5,10 @@
 //! take no handle and forward whenever a compute plugin is loaded.
 #![allow(non_snake_case)]
 
-use super::{args, foreign_only, run_dispatch, Dispatch};
+use super::{foreign_only, run_dispatch, Dispatch};
 use crate::backend::compute_plugin;
 use crate::ffi::bindings::*;
+use crate::ffi::boundary::checked_args;
 use crate::ffi::handles::{route, BufferHandle, Castable, DescriptionHandle, EventHandle, Route};
 use crate::ffi::{buffer, device, events, unimplemented};
 
@@ -18,8 +19,8 @@ macro_rules! routed_entry {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args(raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args(raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -48,8 +49,8 @@ macro_rules! routed_entry {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args(raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args(raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -70,8 +71,8 @@ macro_rules! routed_entry {
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                unsafe { args(raw, NAME, std::mem::size_of::<usize>()) }?;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                unsafe { checked_args(raw, NAME, std::mem::size_of::<usize>()) }?;
                 match compute_plugin::loaded() {
                     // SAFETY: the UNIMPLEMENTED entry, with the caller's args.
                     None => Ok(Dispatch::Ours(unsafe { unimplemented::$slot(raw) })),

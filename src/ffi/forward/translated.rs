@@ -13,16 +13,18 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::{
-    args, foreign_only, inner_device, inner_memory, our_device, our_memory, require_compute_buffer,
+    foreign_only, inner_device, inner_memory, our_device, our_memory, require_compute_buffer,
     run_dispatch, substitute, Dispatch,
 };
 use crate::api::device_ids::{map_compile_options, map_device_assignment, DeviceIdMap};
 use crate::backend::compute_plugin::{self, take_inner_error, ComputePlugin, InnerPtr};
+use crate::ffi::args::null_field;
 use crate::ffi::bindings::*;
+use crate::ffi::boundary::checked_args;
 use crate::ffi::errors::error_into_raw;
 use crate::ffi::handles::{route, BufferHandle, Castable, EventHandle, Route};
 use crate::ffi::{buffer, events, unimplemented};
-use crate::status::{invalid_argument, Result};
+use crate::status::Result;
 
 /// Routes on an event/buffer field like `routed.rs`, then runs `forward`
 /// for the compute plugin's handle.
@@ -34,8 +36,8 @@ macro_rules! routed_with {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args($raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args($raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -68,8 +70,8 @@ macro_rules! foreign_with {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args($raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args($raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -110,9 +112,9 @@ unsafe extern "C" fn forwarded_on_ready(error: *mut PJRT_Error, user_arg: *mut c
 }
 
 routed_with!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args.event: EventHandle => events::event_on_ready, |raw, plugin| {
-    // SAFETY: fields the caller's struct covers (`args` checked the size).
+    // SAFETY: fields the caller's struct covers (`checked_args` checked the size).
     let callback = unsafe { (*raw).callback }
-        .ok_or_else(|| invalid_argument("PJRT_Event_OnReady: callback is null"))?;
+        .ok_or_else(|| null_field("PJRT_Event_OnReady", "callback"))?;
     let state = Box::into_raw(Box::new(ForwardedOnReady {
         plugin: plugin.clone(),
         callback,
@@ -154,7 +156,7 @@ routed_with!(PJRT_Buffer_CopyToDevice, PJRT_Buffer_CopyToDevice_Args.buffer: Buf
     let _device = unsafe {
         let inner = inner_device((*raw).dst_device, F, "dst_device")?;
         if inner.is_null() {
-            return Err(invalid_argument(format!("{F}: dst_device is null")));
+            return Err(null_field(F, "dst_device"));
         }
         substitute(addr_of_mut!((*raw).dst_device), inner)
     };
@@ -167,7 +169,7 @@ routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: Buf
     let _memory = unsafe {
         let inner = inner_memory((*raw).dst_memory, F, "dst_memory")?;
         if inner.is_null() {
-            return Err(invalid_argument(format!("{F}: dst_memory is null")));
+            return Err(null_field(F, "dst_memory"));
         }
         substitute(addr_of_mut!((*raw).dst_memory), inner)
     };
