@@ -1,4 +1,9 @@
-//! The panic boundary and argument checks every exported entry goes through.
+//! The panic boundary every exported function goes through, and the args
+//! struct checks before it. One boundary per return kind:
+//!
+//! | the function returns | boundary | a failure goes to | a panic becomes |
+//! |---|---|---|---|
+//! | `PJRT_Error*` (PJRT and extension entries) | `pjrt_entry!`; the routing entries of `forward/` (extension shims included) through `forward::run_dispatch`, on the same `catch_entry` | the returned error | `INTERNAL` naming the function, logged |
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -6,21 +11,36 @@ use super::bindings::PJRT_Error;
 use super::errors::error_into_raw;
 use crate::status::{internal, invalid_argument, Result};
 
-/// Runs one entry's body: `Ok` → null, `Err` → a `PJRT_Error`, panic →
-/// INTERNAL naming the function. Nothing unwinds into the caller.
-pub(crate) fn run_entry(name: &'static str, body: impl FnOnce() -> Result<()>) -> *mut PJRT_Error {
+/// The `PJRT_Error*` boundary: `Ok(error)` is returned as it is (null for
+/// success), `Err` becomes a `PJRT_Error`, a panic INTERNAL naming the
+/// function. Nothing unwinds into the caller. `log_target` is the module the
+/// log lines are filed under (`PJRT_CROSSHOST_LOG` filters on it).
+pub(crate) fn catch_entry(
+    name: &'static str,
+    log_target: &'static str,
+    body: impl FnOnce() -> Result<*mut PJRT_Error>,
+) -> *mut PJRT_Error {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => ptr::null_mut(),
+        Ok(Ok(error)) => error,
         Ok(Err(status)) => {
-            log::debug!("{name} failed: {status}");
+            log::debug!(target: log_target, "{name} failed: {status}");
             error_into_raw(status)
         }
         Err(panic) => {
             let what = panic_message(&panic);
-            log::error!("{name}: internal panic caught at the C boundary: {what}");
+            log::error!(
+                target: log_target,
+                "{name}: internal panic caught at the C boundary: {what}"
+            );
             error_into_raw(internal(format!("{name}: internal error (panic: {what})")))
         }
     }
+}
+
+/// Runs one entry's body: `Ok` → null, `Err` → a `PJRT_Error`, panic →
+/// INTERNAL naming the function (see `catch_entry`).
+pub(crate) fn run_entry(name: &'static str, body: impl FnOnce() -> Result<()>) -> *mut PJRT_Error {
+    catch_entry(name, module_path!(), || body().map(|()| ptr::null_mut()))
 }
 
 pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

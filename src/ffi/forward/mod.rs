@@ -22,13 +22,11 @@ pub(crate) mod routed;
 pub mod table;
 pub(crate) mod translated;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use super::args::{client_arg, device_arg, memory_arg, null_field};
 use super::bindings::*;
-use super::boundary::panic_message;
-use super::errors::error_into_raw;
+use super::boundary::catch_entry;
 use super::handles::{device_of_compute, is_ours, memory_of_compute, ClientHandle};
 use crate::backend::compute_plugin::{self, ComputeClient, ComputePlugin};
 use crate::status::{internal, invalid_argument, Result};
@@ -42,24 +40,18 @@ pub(crate) enum Dispatch {
 }
 
 /// Runs a routing entry: `Ours` returns our entry's result, `Forwarded`
-/// success, `Err` our error; a panic becomes INTERNAL naming the function.
+/// success, `Err` our error; a panic becomes INTERNAL naming the function
+/// (the boundary of `pjrt_entry!`, `boundary::catch_entry`).
 pub(crate) fn run_dispatch(
     name: &'static str,
     body: impl FnOnce() -> Result<Dispatch>,
 ) -> *mut PJRT_Error {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(Dispatch::Ours(error))) => error,
-        Ok(Ok(Dispatch::Forwarded)) => std::ptr::null_mut(),
-        Ok(Err(status)) => {
-            log::debug!("{name} failed: {status}");
-            error_into_raw(status)
-        }
-        Err(panic) => {
-            let what = panic_message(&panic);
-            log::error!("{name}: internal panic caught at the C boundary: {what}");
-            error_into_raw(internal(format!("{name}: internal error (panic: {what})")))
-        }
-    }
+    catch_entry(name, module_path!(), || {
+        body().map(|dispatch| match dispatch {
+            Dispatch::Ours(error) => error,
+            Dispatch::Forwarded => std::ptr::null_mut(),
+        })
+    })
 }
 
 /// Puts a field of the caller's args back when dropped.
