@@ -4,12 +4,13 @@
 //! | the function returns | boundary | a failure goes to | a panic becomes |
 //! |---|---|---|---|
 //! | `PJRT_Error*` (PJRT and extension entries) | `pjrt_entry!`; the routing entries of `forward/` (extension shims included) through `forward::run_dispatch`, on the same `catch_entry` | the returned error | `INTERNAL` naming the function, logged |
+//! | `void`, reporting through a callback in its args (`CopyToRemoteDevice`) | `callback_entry!` | the caller's callback; null args, a struct too short to hold the callback, or a null callback leave nothing to report to and are logged | a log line |
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use super::bindings::PJRT_Error;
 use super::errors::error_into_raw;
-use crate::status::{internal, invalid_argument, Result};
+use crate::status::{internal, invalid_argument, Result, Status};
 
 /// The `PJRT_Error*` boundary: `Ok(error)` is returned as it is (null for
 /// success), `Err` becomes a `PJRT_Error`, a panic INTERNAL naming the
@@ -50,6 +51,63 @@ pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+/// The callback a `void` entry reports through, read from its args.
+pub(crate) trait Callback<Args>: Copy {
+    /// The callback's field in the args, for the log line when it is null.
+    const FIELD: &'static str;
+    /// The caller's callback; `None` when it is null.
+    fn from_args(args: &Args) -> Option<Self>;
+    /// Hands the caller a failure of the entry itself.
+    fn report(self, status: Status);
+}
+
+/// Runs one `void` entry that reports through a callback in its args (see
+/// `callback_entry!`). `holder` names the args field that holds the
+/// callback, which `required` covers; `log_target` as in `catch_entry`.
+///
+/// # Safety
+/// As `checked_args`.
+pub(crate) unsafe fn run_callback_entry<T, C: Callback<T>>(
+    name: &'static str,
+    log_target: &'static str,
+    raw: *mut T,
+    required: usize,
+    holder: &str,
+    body: impl FnOnce(&mut T, C) -> Result<()>,
+) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        if raw.is_null() {
+            log::error!(target: log_target, "{name}: args is null; no {holder} to report to");
+            return;
+        }
+        // SAFETY: forwarded contract.
+        let args = match unsafe { checked_args(raw, name, required) } {
+            Ok(args) => args,
+            Err(status) => {
+                log::error!(
+                target: log_target,
+                    "{status}; {holder} is outside the caller's struct, nothing to report to"
+                );
+                return;
+            }
+        };
+        let Some(callback) = C::from_args(args) else {
+            log::error!(target: log_target, "{name}: {} is null; nothing to report to", C::FIELD);
+            return;
+        };
+        if let Err(status) = body(args, callback) {
+            callback.report(status);
+        }
+    }));
+    if let Err(panic) = outcome {
+        log::error!(
+            target: log_target,
+            "{name}: internal panic caught at the C boundary: {}",
+            panic_message(&panic)
+        );
     }
 }
 
@@ -126,6 +184,34 @@ macro_rules! pjrt_entry {
                 }?;
                 $body
             })
+        }
+    };
+}
+
+/// Defines one `void` C entry that reports through a callback in its args:
+/// null/size checks, panic boundary, `Err` → the caller's callback (see
+/// `run_callback_entry`). `$field` is the args field that holds the
+/// callback; `$cb_ty` implements `boundary::Callback` for the args.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! callback_entry {
+    ($(#[$meta:meta])* $rust_name:ident = $c_name:literal, $ty:ident through $field:ident, |$args:ident, $cb:ident: $cb_ty:ty| $body:block) => {
+        $(#[$meta])*
+        pub(crate) unsafe extern "C" fn $rust_name(raw: *mut $crate::ffi::bindings::$ty) {
+            let required = $crate::struct_size_through!($crate::ffi::bindings::$ty, $field);
+            // SAFETY: the PJRT contract: `raw` is null or a valid args
+            // struct of the caller's `struct_size`; run_callback_entry
+            // rejects null and short structs.
+            unsafe {
+                $crate::ffi::boundary::run_callback_entry::<_, $cb_ty>(
+                    $c_name,
+                    module_path!(),
+                    raw,
+                    required,
+                    stringify!($field),
+                    |$args, $cb| $body,
+                )
+            }
         }
     };
 }

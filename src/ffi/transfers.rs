@@ -15,7 +15,7 @@ use super::args::{
     read_dims, read_str,
 };
 use super::bindings::*;
-use super::boundary::{panic_message, run_entry};
+use super::boundary::{panic_message, Callback};
 use super::errors::{error_into_raw, take_error};
 use super::handles::{into_raw, route, try_take, BufferHandle, ClientHandle, EventHandle, Route};
 use crate::api::client::Client;
@@ -276,91 +276,79 @@ unsafe extern "C" fn cancel_notifier(
 
 // ------------------------------ v1: receive ----------------------------------
 
-/// A v1 receive: buffers are created, then the notifier gets their
-/// descriptors exactly once (before this entry returns). Argument errors are
-/// returned without calling the notifier, so the caller never sees one
-/// failure twice.
-pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
-    raw: *mut PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-) -> *mut PJRT_Error {
-    run_entry(MAKE, || {
-        let required = crate::struct_size_through!(
-            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-            num_buffers
-        );
-        // SAFETY: PJRT contract; checked_args rejects null and short structs.
-        let args = unsafe { super::boundary::checked_args(raw, MAKE, required) }?;
-        // SAFETY: live client per contract.
-        let client = unsafe { client_arg(args.client, MAKE) }?;
-        // SAFETY: live device per contract.
-        let device = unsafe { device_arg(args.device, MAKE, "device") }?;
-        let notifier = args
-            .notifier
-            .notifier
-            .ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
-        // SAFETY: the header's arrays of num_shapes entries.
-        let shapes = unsafe {
-            read_shapes(
-                args.num_shapes,
-                args.shape_num_dims,
-                args.num_dims as *const *const i64,
-                args.element_types,
-                args.layouts,
-                MAKE,
+crate::pjrt_entry!(
+    /// A v1 receive: buffers are created, then the notifier gets their
+    /// descriptors exactly once (before this entry returns). Argument errors are
+    /// returned without calling the notifier, so the caller never sees one
+    /// failure twice.
+    make_cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args through num_buffers, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, MAKE) }?;
+    // SAFETY: live device per contract.
+    let device = unsafe { device_arg(args.device, MAKE, "device") }?;
+    let notifier = args
+        .notifier
+        .notifier
+        .ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
+    // SAFETY: the header's arrays of num_shapes entries.
+    let shapes = unsafe {
+        read_shapes(
+            args.num_shapes,
+            args.shape_num_dims,
+            args.num_dims as *const *const i64,
+            args.element_types,
+            args.layouts,
+            MAKE,
+        )
+    }?;
+    if args.buffers.is_null() {
+        return Err(null_field(MAKE, "buffers"));
+    }
+    let allow_cancel = crate::has_field!(
+        args,
+        PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+        allow_cancel_notifier
+    ) && args.allow_cancel_notifier;
+    let (buffers, descriptors) = client.client.make_receive_buffers(&device.device, shapes, MAKE)?;
+    let count = buffers.len();
+    // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
+    let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
+    for (slot, buffer) in out.iter_mut().zip(buffers) {
+        *slot = hand_out(buffer, client);
+    }
+    args.num_buffers = count;
+    let mut pointers: Vec<*const c_char> = descriptors
+        .iter()
+        .map(|d| d.as_ptr() as *const c_char)
+        .collect();
+    let mut sizes: Vec<usize> = descriptors.iter().map(Vec::len).collect();
+    let (cancel, cancel_arg) = if allow_cancel {
+        let id = register_cancel_target(&client.client);
+        (
+            Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
+            id as *mut c_void,
+        )
+    } else {
+        (None, std::ptr::null_mut())
+    };
+    let user_arg = args.notifier.user_arg;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's notifier; the descriptor arrays live for
+        // the duration of the call, as the header requires.
+        unsafe {
+            notifier(
+                std::ptr::null_mut(),
+                pointers.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                count,
+                user_arg,
+                cancel,
+                cancel_arg,
             )
-        }?;
-        if args.buffers.is_null() {
-            return Err(null_field(MAKE, "buffers"));
         }
-        let allow_cancel = crate::has_field!(
-            args,
-            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-            allow_cancel_notifier
-        ) && args.allow_cancel_notifier;
-        let (buffers, descriptors) =
-            client
-                .client
-                .make_receive_buffers(&device.device, shapes, MAKE)?;
-        let count = buffers.len();
-        // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
-        let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
-        for (slot, buffer) in out.iter_mut().zip(buffers) {
-            *slot = hand_out(buffer, client);
-        }
-        args.num_buffers = count;
-        let mut pointers: Vec<*const c_char> = descriptors
-            .iter()
-            .map(|d| d.as_ptr() as *const c_char)
-            .collect();
-        let mut sizes: Vec<usize> = descriptors.iter().map(Vec::len).collect();
-        let (cancel, cancel_arg) = if allow_cancel {
-            let id = register_cancel_target(&client.client);
-            (
-                Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
-                id as *mut c_void,
-            )
-        } else {
-            (None, std::ptr::null_mut())
-        };
-        let user_arg = args.notifier.user_arg;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: the caller's notifier; the descriptor arrays live for
-            // the duration of the call, as the header requires.
-            unsafe {
-                notifier(
-                    std::ptr::null_mut(),
-                    pointers.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    count,
-                    user_arg,
-                    cancel,
-                    cancel_arg,
-                )
-            }
-        }));
-        Ok(())
-    })
-}
+    }));
+    Ok(())
+});
 
 // ------------------------------- v1: send ------------------------------------
 
@@ -384,6 +372,22 @@ impl OwnedEvent {
 struct OnDone {
     callback: unsafe extern "C" fn(*mut PJRT_Error, bool, *mut c_void),
     user_arg: usize,
+}
+
+impl Callback<PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args> for OnDone {
+    const FIELD: &'static str = "on_done.on_done";
+
+    fn from_args(args: &PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args) -> Option<OnDone> {
+        Some(OnDone {
+            callback: args.on_done.on_done?,
+            user_arg: args.on_done.user_arg as usize,
+        })
+    }
+
+    /// A failure before any send was enqueued.
+    fn report(self, status: Status) {
+        self.call(Err(status), false);
+    }
 }
 
 impl OnDone {
@@ -418,16 +422,14 @@ impl DescriptorSlot {
         // SAFETY: the caller promised both pointers are readable once the
         // event is ready (or at once without an event).
         let bytes = unsafe {
-            let data = *data_ptr;
-            let size = *size_ptr;
-            if data.is_null() && size > 0 {
-                Err(null_field(COPY, "*serialized_descriptor"))
-            } else if size == 0 {
-                Ok(Vec::new())
-            } else {
-                Ok(std::slice::from_raw_parts(data as *const u8, size).to_vec())
-            }
-        };
+            array(
+                *data_ptr as *const u8,
+                *size_ptr,
+                COPY,
+                "*serialized_descriptor",
+            )
+        }
+        .map(<[u8]>::to_vec);
         match self.destructor {
             // SAFETY: the caller's destructor for exactly these pointers.
             Some(destroy) => unsafe { destroy(data_ptr, size_ptr) },
@@ -438,55 +440,15 @@ impl DescriptorSlot {
     }
 }
 
-pub(crate) unsafe extern "C" fn copy_to_remote_device(
-    raw: *mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
-) {
-    let result = std::panic::catch_unwind(|| {
-        if raw.is_null() {
-            log::error!("{COPY}: args is null; no on_done to report to");
-            return;
-        }
-        let required = crate::struct_size_through!(
-            PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
-            on_done
-        );
-        // SAFETY: PJRT contract: a readable args struct.
-        let args = match unsafe { super::boundary::checked_args(raw, COPY, required) } {
-            Ok(args) => args,
-            Err(status) => {
-                log::error!(
-                    "{status}; on_done is outside the caller's struct, nothing to report to"
-                );
-                return;
-            }
-        };
-        let Some(callback) = args.on_done.on_done else {
-            log::error!("{COPY}: on_done.on_done is null; nothing to report to");
-            return;
-        };
-        let on_done = OnDone {
-            callback,
-            user_arg: args.on_done.user_arg as usize,
-        };
-        if let Err(status) = start_copy_to_remote(args) {
-            on_done.call(Err(status), false);
-        }
-    });
-    if let Err(panic) = result {
-        log::error!(
-            "{COPY}: internal panic caught at the C boundary: {}",
-            panic_message(&panic)
-        );
-    }
-}
+crate::callback_entry!(
+    copy_to_remote_device = "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice", PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args through on_done, |args, on_done: OnDone| {
+    start_copy_to_remote(args, on_done)
+});
 
 fn start_copy_to_remote(
     args: &mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+    on_done: OnDone,
 ) -> Result<()> {
-    let on_done = OnDone {
-        callback: args.on_done.on_done.expect("checked by caller"),
-        user_arg: args.on_done.user_arg as usize,
-    };
     // The event is ours from here on, whatever happens next. The caller may
     // still `PJRT_Event_Set` it (JAX's v1 path does, once the descriptor
     // arrived), so the handle lives until the event is ready and is
