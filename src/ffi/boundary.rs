@@ -5,6 +5,26 @@
 //! |---|---|---|---|
 //! | `PJRT_Error*` (PJRT and extension entries) | `pjrt_entry!`; the routing entries of `forward/` (extension shims included) through `forward::run_dispatch`, on the same `catch_entry` | the returned error | `INTERNAL` naming the function, logged |
 //! | `void`, reporting through a callback in its args (`CopyToRemoteDevice`) | `callback_entry!` | the caller's callback; null args, a struct too short to hold the callback, or a null callback leave nothing to report to and are logged | a log line |
+//! | a value with no error channel (`GetPjrtApi`, the `pjrt_crosshost_*` exports, `PJRT_Error_Destroy`, `PJRT_Error_Message`) | `or_on_panic` | the function's own convention (NULL, -1) | the given default |
+//!
+//! The generated UNIMPLEMENTED entries (`unimplemented.rs`) also use
+//! `or_on_panic`, with null: their body only formats the error.
+//!
+//! Callbacks we hand out are C entry points too, but their signatures are
+//! fixed by whoever calls them, so each keeps its own boundary, here listed
+//! once:
+//! - the v1 cancel notifier (`transfers.rs`) catches a panic and reports it,
+//!   as an `INTERNAL` error, to the `on_canceled` callback it was given;
+//! - `forwarded_on_ready` (`forward/translated.rs`) catches a panic and drops
+//!   it: its caller is the compute plugin, which has no way to hear of it;
+//! - the error and memory vtables (`errors.rs`, `handles.rs`), the KV
+//!   `callback_error` (`kv_callbacks.rs`) and the attribute and
+//!   serialized-bytes deleters catch nothing: they only read, copy, allocate
+//!   or free.
+//!
+//! Where we call a caller's callback (`PJRT_Event_OnReady`'s, `on_done`, the
+//! v1 notifier) the call sits in a `catch_unwind` of its own; that guards our
+//! thread, it is not an entry's boundary.
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
@@ -52,6 +72,12 @@ pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     } else {
         "non-string panic payload".to_string()
     }
+}
+
+/// The boundary of a function with no error channel: `body`'s value, or
+/// `default` if it panics.
+pub(crate) fn or_on_panic<T>(default: T, body: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(default)
 }
 
 /// The callback a `void` entry reports through, read from its args.

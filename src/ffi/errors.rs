@@ -4,6 +4,7 @@ use std::os::raw::c_char;
 use std::ptr;
 
 use super::bindings::*;
+use super::boundary::or_on_panic;
 use crate::status::{Code, Status};
 
 /// Our error object. `base` must stay first: callers may read `vtable`.
@@ -136,7 +137,7 @@ unsafe extern "C" fn vt_for_each_payload(
 // ------------------------------ C entries -----------------------------------
 
 pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args) {
-    let _ = std::panic::catch_unwind(|| {
+    or_on_panic((), || {
         if args.is_null() {
             return;
         }
@@ -144,11 +145,11 @@ pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args
         let error = unsafe { (*args).error };
         // SAFETY: the caller owns `error` and gives it up here.
         drop(unsafe { take_error(error) });
-    });
+    })
 }
 
 pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args) {
-    let _ = std::panic::catch_unwind(|| {
+    or_on_panic((), || {
         if args.is_null() {
             return;
         }
@@ -165,7 +166,7 @@ pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args
                 f(args.error, &mut args.message, &mut args.message_size);
             }
         }
-    });
+    })
 }
 
 crate::pjrt_entry!(error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {

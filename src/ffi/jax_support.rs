@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::args::{client_arg, null_field};
 use super::bindings::*;
+use super::boundary::or_on_panic;
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
 
@@ -132,7 +133,7 @@ pub(crate) fn live_clients() -> Vec<Arc<Client>> {
 /// internal error.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
-    std::panic::catch_unwind(|| {
+    or_on_panic(std::ptr::null_mut(), || {
         let clients = live_clients();
         let entries: Vec<String> = clients
             .iter()
@@ -148,5 +149,4 @@ pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
             .map(CString::into_raw)
             .unwrap_or(std::ptr::null_mut())
     })
-    .unwrap_or(std::ptr::null_mut())
 }

@@ -55,7 +55,7 @@ fn api_table() -> PJRT_Api {
 /// The plugin's entry point.
 #[no_mangle]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
-    match std::panic::catch_unwind(|| {
+    boundary::or_on_panic(std::ptr::null(), || {
         logging::init();
         // Before the table exists: the compute plugin's extensions go on our
         // chain. A load failure is remembered and reported by client
@@ -64,10 +64,7 @@ pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
             log::error!("{e}");
         }
         &API.0 as *const PJRT_Api
-    }) {
-        Ok(api) => api,
-        Err(_) => std::ptr::null(),
-    }
+    })
 }
 
 #[cfg(test)]
