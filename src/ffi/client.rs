@@ -15,7 +15,14 @@ use crate::api::options::ClientOptions;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 
-crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+crate::pjrt_entry!(
+    /// Creates a client from `create_options` (named values, see
+    /// `api::options`) and, for a multi-process job, the caller's KV callbacks
+    /// (kept for the client's life). The caller owns `client`
+    /// (`PJRT_Client_Destroy`). INVALID_ARGUMENT for an unknown or ill-typed
+    /// option; a compute plugin that failed to load is reported here. The table's
+    /// slot is `jax_support::client_create_registering`, which wraps this.
+    client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
     const F: &str = "PJRT_Client_Create";
     super::logging::init();
     // SAFETY: `create_options` holds `num_options` named values per header.
@@ -35,34 +42,48 @@ crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args
     Ok(())
 });
 
-crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
+crate::pjrt_entry!(
+    /// Destroys the caller's client handle; null is allowed. Its devices and
+    /// memories stay valid while buffers of the client live (they share its
+    /// tables). INVALID_ARGUMENT for a handle that is not a live client.
+    client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
     // SAFETY: the caller gives up its owned client handle (or null).
     drop(unsafe { owned_arg::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())
 });
 
-crate::pjrt_entry!(client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
+crate::pjrt_entry!(
+    /// The platform name, `crosshost`: a static string the caller borrows.
+    client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
     // SAFETY: live client per contract.
     unsafe { client_arg(args.client, "PJRT_Client_PlatformName") }?;
     (args.platform_name, args.platform_name_size) = str_out(PLATFORM_NAME);
     Ok(())
 });
 
-crate::pjrt_entry!(client_process_index = "PJRT_Client_ProcessIndex", PJRT_Client_ProcessIndex_Args through process_index, |args| {
+crate::pjrt_entry!(
+    /// This client's process index in its job.
+    client_process_index = "PJRT_Client_ProcessIndex", PJRT_Client_ProcessIndex_Args through process_index, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_ProcessIndex") }?;
     args.process_index = client.client.process_index();
     Ok(())
 });
 
-crate::pjrt_entry!(client_platform_version = "PJRT_Client_PlatformVersion", PJRT_Client_PlatformVersion_Args through platform_version_size, |args| {
+crate::pjrt_entry!(
+    /// The platform version, borrowed from the client (alive until it is
+    /// destroyed).
+    client_platform_version = "PJRT_Client_PlatformVersion", PJRT_Client_PlatformVersion_Args through platform_version_size, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_PlatformVersion") }?;
     (args.platform_version, args.platform_version_size) = str_out(client.client.platform_version());
     Ok(())
 });
 
-crate::pjrt_entry!(client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_Args through num_devices, |args| {
+crate::pjrt_entry!(
+    /// Every device of the job, this process's and the others'; the array is
+    /// borrowed from the client.
+    client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_Args through num_devices, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_Devices") }?;
     args.devices = client.tables.all_devices.0.as_ptr();
@@ -70,7 +91,9 @@ crate::pjrt_entry!(client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_A
     Ok(())
 });
 
-crate::pjrt_entry!(client_addressable_devices = "PJRT_Client_AddressableDevices", PJRT_Client_AddressableDevices_Args through num_addressable_devices, |args| {
+crate::pjrt_entry!(
+    /// This process's devices; the array is borrowed from the client.
+    client_addressable_devices = "PJRT_Client_AddressableDevices", PJRT_Client_AddressableDevices_Args through num_addressable_devices, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableDevices") }?;
     args.addressable_devices = client.tables.addressable_devices.0.as_ptr();
@@ -78,7 +101,10 @@ crate::pjrt_entry!(client_addressable_devices = "PJRT_Client_AddressableDevices"
     Ok(())
 });
 
-crate::pjrt_entry!(client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Client_LookupDevice_Args through device, |args| {
+crate::pjrt_entry!(
+    /// The device with global id `id`, borrowed from the client.
+    /// INVALID_ARGUMENT for an id the job does not have.
+    client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Client_LookupDevice_Args through device, |args| {
     const F: &str = "PJRT_Client_LookupDevice";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;
@@ -87,7 +113,10 @@ crate::pjrt_entry!(client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Clien
     Ok(())
 });
 
-crate::pjrt_entry!(client_lookup_addressable_device = "PJRT_Client_LookupAddressableDevice", PJRT_Client_LookupAddressableDevice_Args through addressable_device, |args| {
+crate::pjrt_entry!(
+    /// This process's device with `local_hardware_id`, borrowed from the client.
+    /// INVALID_ARGUMENT for an id this process does not have.
+    client_lookup_addressable_device = "PJRT_Client_LookupAddressableDevice", PJRT_Client_LookupAddressableDevice_Args through addressable_device, |args| {
     const F: &str = "PJRT_Client_LookupAddressableDevice";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;
@@ -96,7 +125,10 @@ crate::pjrt_entry!(client_lookup_addressable_device = "PJRT_Client_LookupAddress
     Ok(())
 });
 
-crate::pjrt_entry!(client_addressable_memories = "PJRT_Client_AddressableMemories", PJRT_Client_AddressableMemories_Args through num_addressable_memories, |args| {
+crate::pjrt_entry!(
+    /// The memories of this process's devices; the array is borrowed from the
+    /// client.
+    client_addressable_memories = "PJRT_Client_AddressableMemories", PJRT_Client_AddressableMemories_Args through num_addressable_memories, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableMemories") }?;
     args.addressable_memories = client.tables.addressable_memories.0.as_ptr();
@@ -165,7 +197,15 @@ pub(crate) unsafe fn destination_device(
     Ok(device)
 }
 
-crate::pjrt_entry!(client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {
+crate::pjrt_entry!(
+    /// An embedded client's buffer from host data (dense, or numpy-style
+    /// `byte_strides`) on `device` or `memory` (given both, they must agree). The
+    /// bytes are copied before return, so `done_with_host_buffer` is ready at
+    /// once; the caller owns it and `buffer`. INVALID_ARGUMENT for a bad element
+    /// type, dims, strides or destination, UNIMPLEMENTED for a `device_layout`
+    /// other than dense row-major. A delegating client's call goes to the compute
+    /// plugin instead (`forward/delegated.rs`).
+    client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {
     const F: &str = "PJRT_Client_BufferFromHostBuffer";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;

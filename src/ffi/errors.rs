@@ -97,6 +97,7 @@ pub(crate) unsafe fn take_error(error: *mut PJRT_Error) -> Option<Status> {
     Some(status)
 }
 
+/// vtable `destroy`: frees one of our errors (null is ignored).
 unsafe extern "C" fn vt_destroy(error: *mut PJRT_Error) {
     if !error.is_null() {
         // SAFETY: our vtable is only installed on Box<ErrorObject>s.
@@ -104,6 +105,8 @@ unsafe extern "C" fn vt_destroy(error: *mut PJRT_Error) {
     }
 }
 
+/// vtable `message`: borrows the message (alive until the error is
+/// destroyed); null out-pointers are skipped.
 unsafe extern "C" fn vt_message(
     error: *const PJRT_Error,
     message: *mut *const c_char,
@@ -121,11 +124,13 @@ unsafe extern "C" fn vt_message(
     }
 }
 
+/// vtable `get_code`.
 unsafe extern "C" fn vt_get_code(error: *const PJRT_Error) -> PJRT_Error_Code {
     // SAFETY: our vtable ⇒ `error` is an ErrorObject.
     unsafe { (*(error as *const ErrorObject)).status.code as PJRT_Error_Code }
 }
 
+/// vtable `for_each_payload`: visits nothing.
 unsafe extern "C" fn vt_for_each_payload(
     _error: *const PJRT_Error,
     _visitor: PJRT_Error_PayloadVisitor,
@@ -136,6 +141,9 @@ unsafe extern "C" fn vt_for_each_payload(
 
 // ------------------------------ C entries -----------------------------------
 
+/// Frees `error`, ours or another implementation's (through its vtable), which
+/// the caller gives up. Null args or a null error do nothing: this function
+/// has no way to report.
 pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args) {
     or_on_panic((), || {
         if args.is_null() {
@@ -148,6 +156,8 @@ pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args
     })
 }
 
+/// Borrows the error's message (alive until the error is destroyed), through
+/// its vtable. A null error gives an empty message; null args do nothing.
 pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args) {
     or_on_panic((), || {
         if args.is_null() {
@@ -169,7 +179,10 @@ pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args
     })
 }
 
-crate::pjrt_entry!(error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {
+crate::pjrt_entry!(
+    /// The error's code, through its vtable (ours or another
+    /// implementation's). INVALID_ARGUMENT for a null error.
+    error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {
     if args.error.is_null() {
         return Err(super::args::null_field("PJRT_Error_GetCode", "error"));
     }

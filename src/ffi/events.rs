@@ -10,20 +10,28 @@ use crate::status::{failed_precondition, invalid_argument, Code, Status};
 
 const SET: &str = "PJRT_Event_Set";
 
-crate::pjrt_entry!(event_destroy = "PJRT_Event_Destroy", PJRT_Event_Destroy_Args through event, |args| {
+crate::pjrt_entry!(
+    /// Destroys the caller's event handle; null is allowed. Callbacks already
+    /// registered still run.
+    event_destroy = "PJRT_Event_Destroy", PJRT_Event_Destroy_Args through event, |args| {
     // SAFETY: `event` is an owned event handle the caller gives up (or null).
     drop(unsafe { owned_arg::<EventHandle>(args.event, "PJRT_Event_Destroy", "event") }?);
     Ok(())
 });
 
-crate::pjrt_entry!(event_is_ready = "PJRT_Event_IsReady", PJRT_Event_IsReady_Args through is_ready, |args| {
+crate::pjrt_entry!(
+    /// Whether the event's outcome is published.
+    event_is_ready = "PJRT_Event_IsReady", PJRT_Event_IsReady_Args through is_ready, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, "PJRT_Event_IsReady") }?;
     args.is_ready = event.future.is_ready();
     Ok(())
 });
 
-crate::pjrt_entry!(event_error = "PJRT_Event_Error", PJRT_Event_Error_Args through event, |args| {
+crate::pjrt_entry!(
+    /// The outcome of a ready event: null, or a new error the caller owns.
+    /// FAILED_PRECONDITION while it is not ready.
+    event_error = "PJRT_Event_Error", PJRT_Event_Error_Args through event, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, "PJRT_Event_Error") }?;
     match event.future.try_get() {
@@ -32,7 +40,10 @@ crate::pjrt_entry!(event_error = "PJRT_Event_Error", PJRT_Event_Error_Args throu
     }
 });
 
-crate::pjrt_entry!(event_await = "PJRT_Event_Await", PJRT_Event_Await_Args through event, |args| {
+crate::pjrt_entry!(
+    /// Blocks until the event is ready, then returns its outcome as
+    /// `PJRT_Event_Error` does.
+    event_await = "PJRT_Event_Await", PJRT_Event_Await_Args through event, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, "PJRT_Event_Await") }?;
     event.future.wait()
@@ -44,7 +55,11 @@ struct OnReadyCallback {
     user_arg: usize,
 }
 
-crate::pjrt_entry!(event_on_ready = "PJRT_Event_OnReady", PJRT_Event_OnReady_Args through user_arg, |args| {
+crate::pjrt_entry!(
+    /// Calls `callback(error, user_arg)` once with the outcome: now if the
+    /// event is ready, else on the thread that completes it. The callback owns
+    /// the error it gets. INVALID_ARGUMENT for a null callback.
+    event_on_ready = "PJRT_Event_OnReady", PJRT_Event_OnReady_Args through user_arg, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, "PJRT_Event_OnReady") }?;
     let callback = args
@@ -69,12 +84,21 @@ crate::pjrt_entry!(event_on_ready = "PJRT_Event_OnReady", PJRT_Event_OnReady_Arg
     Ok(())
 });
 
-crate::pjrt_entry!(event_create = "PJRT_Event_Create", PJRT_Event_Create_Args through event, |args| {
+crate::pjrt_entry!(
+    /// A new event that the caller completes with `PJRT_Event_Set`; the caller
+    /// owns it.
+    event_create = "PJRT_Event_Create", PJRT_Event_Create_Args through event, |args| {
     args.event = into_raw(EventHandle::settable());
     Ok(())
 });
 
-crate::pjrt_entry!(event_set = "PJRT_Event_Set", PJRT_Event_Set_Args through error_message_size, |args| {
+crate::pjrt_entry!(
+    /// Completes an event of `PJRT_Event_Create`: `error_code` 0 is success,
+    /// else an error with `error_message`. Its callbacks run before this
+    /// returns, and may destroy the handle. FAILED_PRECONDITION when already
+    /// set, INVALID_ARGUMENT for an event that `PJRT_Event_Create` did not
+    /// make.
+    event_set = "PJRT_Event_Set", PJRT_Event_Set_Args through error_message_size, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, SET) }?;
     // A clone: setting may run callbacks that destroy the handle (an event

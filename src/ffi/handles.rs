@@ -571,6 +571,8 @@ static MEMORY_TABLE: MemoryTable = MemoryTable(PJRT_Memory_FunctionTable {
     set_user_data: Some(memory_set_user_data),
 });
 
+/// Memory vtable `get_user_data`: what the framework stored under `key`,
+/// or null.
 unsafe extern "C" fn memory_get_user_data(
     memory: *mut PJRT_Memory,
     key: *const c_void,
@@ -585,6 +587,8 @@ unsafe extern "C" fn memory_get_user_data(
         .unwrap_or(std::ptr::null_mut())
 }
 
+/// Memory vtable `set_user_data`: stores `data` under `key`; the value it
+/// replaces is handed to its own destructor.
 unsafe extern "C" fn memory_set_user_data(
     memory: *mut PJRT_Memory,
     key: *const c_void,

@@ -15,11 +15,13 @@ use crate::api::transfers::ProcessReport;
 
 const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
 
-// jaxlib converts every PJRT_Error to a Status through GetCode, Message and
-// ForEachPayload; an error from ForEachPayload makes it convert that error
-// too, recursing until the stack overflows. Ours carry no payloads, foreign
-// ones are visited through their own vtable.
-crate::pjrt_entry!(error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
+crate::pjrt_entry!(
+    /// Visits the error's payloads: ours carry none, another implementation's
+    /// are visited through its own vtable. INVALID_ARGUMENT only for a null
+    /// error: jaxlib converts every PJRT_Error to a Status through GetCode,
+    /// Message and ForEachPayload, and an error from ForEachPayload makes it
+    /// convert that error too, recursing until the stack overflows.
+    error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
     if args.error.is_null() {
         return Err(null_field(FOR_EACH_PAYLOAD, "error"));
     }
@@ -73,11 +75,15 @@ unsafe fn read_process_infos(
         .collect())
 }
 
-// jaxlib's multi-process client calls this from a background thread whenever
-// its coordination service reports a change in the job's processes, and
-// aborts the process on an error. The v2 transfer calls carry their own
-// incarnation snapshot (v8 fields), so this only checks and logs the report.
-crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
+crate::pjrt_entry!(
+    /// Hands the job's processes (`PJRT_ProcessInfo`s, stepped by the
+    /// caller's own `struct_size`) to the client's transfers: the incarnations
+    /// are recorded, and pending receives from a task reported disconnected or
+    /// failed fail with UNAVAILABLE. jaxlib's multi-process client calls this
+    /// from a background thread whenever its coordination service reports a
+    /// change, and aborts the process on an error, so the only errors are
+    /// INVALID_ARGUMENT for null or too short `process_infos`.
+    client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, UPDATE_PROCESS_INFO) }?;
     if args.num_process_infos > 0 && args.process_infos.is_null() {
@@ -100,9 +106,11 @@ crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobal
 /// `pjrt_crosshost_live_clients_metrics_json` instead.
 static LIVE_CLIENTS: Lazy<Mutex<Vec<Weak<Client>>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
-// PJRT_Client_Create, plus remembering the new client (weakly) for
-// `pjrt_crosshost_live_clients_metrics_json`.
-crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+crate::pjrt_entry!(
+    /// `PJRT_Client_Create` as the table offers it: `client::client_create`,
+    /// then the new client is remembered (weakly) for
+    /// `pjrt_crosshost_live_clients_metrics_json`. Same contract and errors.
+    client_create_registering = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
     let raw: *mut PJRT_Client_Create_Args = args;
     // SAFETY: `raw` is the caller's checked args struct, passed on unchanged.
     let error = unsafe { super::client::client_create(raw) };

@@ -33,6 +33,9 @@ fn callback_error_ptr() -> *mut PJRT_CallbackError {
     ptr::addr_of!(CALLBACK_ERROR) as *mut PJRT_CallbackError
 }
 
+/// The `PJRT_CallbackError` we hand to each KV callback: a new error of ours
+/// with `code` and a copy of the message, owned by whoever the callback
+/// returns it to (us).
 unsafe extern "C" fn callback_error(
     code: PJRT_Error_Code,
     message: *const c_char,

@@ -52,7 +52,10 @@ fn api_table() -> PJRT_Api {
     api
 }
 
-/// The plugin's entry point.
+/// The plugin's entry point: the `PJRT_Api` table, static and never freed.
+/// The first call loads the configured compute plugin; a failure to load is
+/// logged and reported by `PJRT_Client_Create`, so that this never fails.
+/// NULL only on an internal panic.
 #[no_mangle]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
     boundary::or_on_panic(std::ptr::null(), || {

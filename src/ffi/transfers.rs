@@ -126,7 +126,15 @@ unsafe fn read_incarnations(
 
 // ------------------------------ v2: receive ----------------------------------
 
-crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args through buffers, |args| {
+crate::pjrt_entry!(
+    /// v2 receive: one buffer per shape on `device`, filled by the send of
+    /// `src_global_device_ids[i]` under `transfer_keys[i]`. Writes `num_shapes`
+    /// buffers into the caller's `buffers` array; the caller owns them, and each
+    /// buffer's ready event carries its own transfer's outcome. With the v8
+    /// fields, `task_ids` / `incarnation_ids` are the caller's snapshot of the
+    /// job's processes. INVALID_ARGUMENT for an empty or malformed shape list or
+    /// a null array.
+    cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args through buffers, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, RECV) }?;
     // SAFETY: live device per contract.
@@ -165,7 +173,14 @@ crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_Cros
 
 // ------------------------------- v2: send ------------------------------------
 
-crate::pjrt_entry!(cross_host_send_buffers = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers", PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args through send_events, |args| {
+crate::pjrt_entry!(
+    /// v2 send: `buffers[i]` (ours or the compute plugin's) to the receive of
+    /// `dst_global_device_ids[i]` under `transfer_keys[i]`. Writes `num_buffers`
+    /// events into the caller's `send_events`; the caller owns them, each ready
+    /// when its send is done. The caller keeps the buffers; one being sent is
+    /// held until its send is done. INVALID_ARGUMENT for an empty list or a null
+    /// array.
+    cross_host_send_buffers = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers", PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args through send_events, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, SEND) }?;
     if args.num_buffers == 0 {
@@ -216,6 +231,12 @@ pub(crate) fn register_cancel_target(client: &Arc<Client>) -> u64 {
     id
 }
 
+/// The v1 cancel notifier we hand to a receive's notifier: fails the receive
+/// buffers named by `serialized_descriptor` with `reason` (CANCELLED for 0)
+/// and `error_message`, then reports once through `on_canceled`, which owns
+/// the error: NOT_FOUND for a buffer already finished or cancelled,
+/// INVALID_ARGUMENT once the client is gone, an error for a forged
+/// descriptor (which touches nothing).
 unsafe extern "C" fn cancel_notifier(
     serialized_descriptor: *const c_char,
     serialized_descriptor_size: usize,
@@ -277,10 +298,12 @@ unsafe extern "C" fn cancel_notifier(
 // ------------------------------ v1: receive ----------------------------------
 
 crate::pjrt_entry!(
-    /// A v1 receive: buffers are created, then the notifier gets their
-    /// descriptors exactly once (before this entry returns). Argument errors are
-    /// returned without calling the notifier, so the caller never sees one
-    /// failure twice.
+    /// v1 receive: one buffer per shape on `device`, written into the caller's
+    /// `buffers` (`num_buffers` set); the caller owns them. Then the notifier
+    /// gets their descriptors exactly once, before this entry returns
+    /// (borrowed for that call), and, with `allow_cancel_notifier`, our
+    /// `cancel_notifier`. Argument errors are returned without calling the
+    /// notifier, so the caller never sees one failure twice.
     make_cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args through num_buffers, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, MAKE) }?;
@@ -441,6 +464,15 @@ impl DescriptorSlot {
 }
 
 crate::callback_entry!(
+    /// v1 send: `buffer` (ours or the compute plugin's) to the receive buffer
+    /// its serialized descriptor names. The descriptor is read at once when
+    /// `event` is null, else once `event` is ready (the caller sets it after
+    /// writing the descriptor); its two pointers are then released through
+    /// `descriptor_destructor` (v6) or C++ `delete` (v5 callers). The caller
+    /// gives up `event`: we destroy it once ready. The outcome goes once to
+    /// `on_done(error, sends_were_enqueued, user_arg)`, which owns the error;
+    /// an event never set ends in DEADLINE_EXCEEDED after the client's send
+    /// timeout instead of never.
     copy_to_remote_device = "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice", PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args through on_done, |args, on_done: OnDone| {
     start_copy_to_remote(args, on_done)
 });

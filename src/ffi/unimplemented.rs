@@ -24,6 +24,7 @@ pub(crate) fn unimplemented_error(function: &str) -> *mut PJRT_Error {
 
 macro_rules! define_unimplemented {
     ($name:ident, $args:ident) => {
+        /// UNIMPLEMENTED naming the function; the caller owns the error.
         pub(crate) unsafe extern "C" fn $name(_args: *mut $args) -> *mut PJRT_Error {
             or_on_panic(std::ptr::null_mut(), || {
                 unimplemented_error(stringify!($name))

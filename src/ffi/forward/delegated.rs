@@ -4,6 +4,13 @@
 //! by the compute plugin's own for the call (and restored after), device ids
 //! in compile options mapped to its numbering, and device assignments mapped
 //! back to ours.
+//!
+//! The contract of each entry here: an embedded client's (or device's) is
+//! our entry's, UNIMPLEMENTED where we have none; a delegating client's is
+//! the compute plugin's function, with its outputs (buffers, executables,
+//! events, topologies) owned by the caller as that function says, its
+//! device outputs mapped to ours and its error converted to ours.
+//! INVALID_ARGUMENT for a null or dead client or device.
 #![allow(non_snake_case)]
 
 use std::ptr::addr_of_mut;

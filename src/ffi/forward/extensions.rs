@@ -54,6 +54,9 @@ struct StreamArgs {
     device: *mut PJRT_Device,
 }
 
+/// Layouts extension, client default layout: our client swapped for the
+/// compute plugin's, then its function. UNIMPLEMENTED for an embedded
+/// client (dense row-major only).
 unsafe extern "C" fn layouts_client_default_layout(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_Layouts_PJRT_Client_GetDefaultLayout";
     run_dispatch(F, || {
@@ -77,6 +80,9 @@ unsafe extern "C" fn layouts_client_default_layout(raw: *mut c_void) -> *mut PJR
     })
 }
 
+/// MemoryDescriptions extension: a description of ours is swapped for the
+/// compute plugin's, a topology's goes as it is. UNIMPLEMENTED for an
+/// embedded device.
 unsafe extern "C" fn memory_descriptions(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_DeviceDescription_MemoryDescriptions";
     run_dispatch(F, || {
@@ -112,6 +118,8 @@ unsafe extern "C" fn memory_descriptions(raw: *mut c_void) -> *mut PJRT_Error {
     })
 }
 
+/// Stream extension, stream of a device: our device swapped for the
+/// compute plugin's. UNIMPLEMENTED without a compute plugin.
 unsafe extern "C" fn stream_for_device(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_Get_Stream_For_External_Ready_Events";
     run_dispatch(F, || {

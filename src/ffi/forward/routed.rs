@@ -14,7 +14,10 @@ use crate::ffi::{buffer, device, events, unimplemented};
 
 macro_rules! routed_entry {
     ($slot:ident, $args:ident, $field:ident, ours $H:ty => $ours:path) => {
-        /// Routed by its handle argument (see the module doc).
+        /// Routed by its handle argument (see the module doc): our handle →
+        /// our entry's contract; the compute plugin's → its function's, its
+        /// error converted to ours. INVALID_ARGUMENT for a null, destroyed or
+        /// mistyped handle (null is allowed for `_Destroy`).
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
@@ -44,7 +47,10 @@ macro_rules! routed_entry {
         }
     };
     ($slot:ident, $args:ident, $field:ident, foreign) => {
-        /// The compute plugin's handle type (see the module doc).
+        /// The compute plugin's handle type (see the module doc): its
+        /// function's contract, its error converted to ours; UNIMPLEMENTED
+        /// without a compute plugin, INVALID_ARGUMENT for a null handle (but
+        /// `_Destroy`) or one of ours.
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
@@ -67,7 +73,8 @@ macro_rules! routed_entry {
         }
     };
     ($slot:ident, $args:ident, none) => {
-        /// Takes no handle: forwarded when a compute plugin is loaded.
+        /// Takes no handle: the compute plugin's function (its contract, its
+        /// error converted to ours) when one is loaded, else UNIMPLEMENTED.
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {

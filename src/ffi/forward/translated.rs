@@ -30,8 +30,9 @@ use crate::status::Result;
 /// for the compute plugin's handle.
 macro_rules! routed_with {
     ($slot:ident, $args:ident . $field:ident : $H:ty => $ours:path, |$raw:ident, $plugin:ident| $forward:block) => {
-        /// Routed by its handle argument; see the module doc for what is
-        /// translated.
+        /// Routed by its handle argument, as in `routed.rs` (our entry's
+        /// contract, or the compute plugin's function with its error
+        /// converted to ours); the module doc says what is translated.
         pub(crate) unsafe extern "C" fn $slot($raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
@@ -64,8 +65,9 @@ macro_rules! routed_with {
 /// As `routed_with!` for handle types that are always the compute plugin's.
 macro_rules! foreign_with {
     ($slot:ident, $args:ident . $field:ident, |$raw:ident, $plugin:ident| $forward:block) => {
-        /// The compute plugin's handle type; see the module doc for what is
-        /// translated.
+        /// The compute plugin's handle type, as in `routed.rs` (its
+        /// function's contract, its error converted to ours; UNIMPLEMENTED
+        /// without a compute plugin); the module doc says what is translated.
         pub(crate) unsafe extern "C" fn $slot($raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
@@ -98,6 +100,8 @@ struct ForwardedOnReady {
     user_arg: usize,
 }
 
+/// The callback we register with the compute plugin for its event: converts
+/// its error to ours and calls the caller's callback with it, once.
 unsafe extern "C" fn forwarded_on_ready(error: *mut PJRT_Error, user_arg: *mut c_void) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the box `PJRT_Event_OnReady` leaked for this one callback.
@@ -309,11 +313,13 @@ fn process_id_map() -> Option<DeviceIdMap> {
 /// Serialized bytes we rewrote, handed out with our deleter.
 struct Rewritten(Vec<u8>);
 
+/// Deleter of a device assignment we rewrote.
 unsafe extern "C" fn free_rewritten_assignment(backing: *mut PJRT_DeviceAssignmentSerialized) {
     // SAFETY: made by Box::into_raw of a `Rewritten` below.
     drop(unsafe { Box::from_raw(backing as *mut Rewritten) });
 }
 
+/// Deleter of compile options we rewrote.
 unsafe extern "C" fn free_rewritten_options(backing: *mut PJRT_SerializedCompileOptions) {
     // SAFETY: made by Box::into_raw of a `Rewritten` below.
     drop(unsafe { Box::from_raw(backing as *mut Rewritten) });
