@@ -321,10 +321,13 @@ impl ClientHandle {
     }
 }
 
+/// The compute plugin's device → (our handle's address, the delegating client
+/// that owns it).
+type ComputeDeviceMap = HashMap<InnerPtr, (usize, Weak<Client>)>;
+
 /// The compute plugin's device and memory handles → ours, for outputs of
 /// forwarded calls (a buffer's device, an executable's devices).
-static COMPUTE_DEVICES: Lazy<RwLock<HashMap<InnerPtr, (usize, Weak<Client>)>>> =
-    Lazy::new(Default::default);
+static COMPUTE_DEVICES: Lazy<RwLock<ComputeDeviceMap>> = Lazy::new(Default::default);
 static COMPUTE_MEMORIES: Lazy<RwLock<HashMap<InnerPtr, usize>>> = Lazy::new(Default::default);
 
 /// Our device handle wrapping the compute plugin's `inner`, if any.
