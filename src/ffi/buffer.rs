@@ -1,23 +1,11 @@
 //! PJRT_Buffer_*: queries, reads back to the host, copies between devices.
-use super::bindings::*;
-use super::boundary::null_field;
-use super::client::check_default_layout;
-use super::handles::{
-    into_raw, try_borrow, try_take, BufferHandle, DeviceHandle, EventHandle, MemoryHandle,
+use super::args::{
+    buffer_arg, check_default_layout, device_arg, memory_arg, null_field, owned_arg,
 };
+use super::bindings::*;
+use super::handles::{into_raw, BufferHandle, EventHandle};
 use crate::api::buffer::Buffer;
 use crate::status::{invalid_argument, out_of_range, Result};
-
-/// # Safety
-/// `buffer` must be null or a live buffer handle.
-pub(crate) unsafe fn buffer_arg<'a>(
-    buffer: *mut PJRT_Buffer,
-    function: &str,
-    field: &str,
-) -> Result<&'a BufferHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<BufferHandle>(buffer, function, field) }
-}
 
 /// A caller's destination pointer, carried to whichever thread completes the
 /// read.
@@ -37,23 +25,27 @@ impl HostDestination {
     }
 }
 
-crate::pjrt_entry!(buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_Args through buffer, |args| {
-    if args.buffer.is_null() {
-        return Ok(()); // The header allows destroying nullptr.
-    }
-    // SAFETY: the caller gives up its owned buffer handle.
-    drop(unsafe { try_take::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
+crate::pjrt_entry!(
+    /// Destroys the caller's buffer handle; null is allowed. The data stays
+    /// while a send or an external reference still holds it.
+    buffer_destroy = "PJRT_Buffer_Destroy", PJRT_Buffer_Destroy_Args through buffer, |args| {
+    // SAFETY: the caller gives up its owned buffer handle (or null).
+    drop(unsafe { owned_arg::<BufferHandle>(args.buffer, "PJRT_Buffer_Destroy", "buffer") }?);
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_element_type = "PJRT_Buffer_ElementType", PJRT_Buffer_ElementType_Args through type_, |args| {
+crate::pjrt_entry!(
+    /// The buffer's element type.
+    buffer_element_type = "PJRT_Buffer_ElementType", PJRT_Buffer_ElementType_Args through type_, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_ElementType", "buffer") }?;
     args.type_ = b.buffer.shape().element_type.raw();
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_dimensions = "PJRT_Buffer_Dimensions", PJRT_Buffer_Dimensions_Args through num_dims, |args| {
+crate::pjrt_entry!(
+    /// The buffer's dims, borrowed from the handle (alive until it is destroyed).
+    buffer_dimensions = "PJRT_Buffer_Dimensions", PJRT_Buffer_Dimensions_Args through num_dims, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Dimensions", "buffer") }?;
     args.dims = b.dims.as_ptr();
@@ -61,7 +53,9 @@ crate::pjrt_entry!(buffer_dimensions = "PJRT_Buffer_Dimensions", PJRT_Buffer_Dim
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_unpadded_dimensions = "PJRT_Buffer_UnpaddedDimensions", PJRT_Buffer_UnpaddedDimensions_Args through num_dims, |args| {
+crate::pjrt_entry!(
+    /// The same dims as `PJRT_Buffer_Dimensions`: buffers are never padded.
+    buffer_unpadded_dimensions = "PJRT_Buffer_UnpaddedDimensions", PJRT_Buffer_UnpaddedDimensions_Args through num_dims, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_UnpaddedDimensions", "buffer") }?;
     args.unpadded_dims = b.dims.as_ptr();
@@ -69,7 +63,9 @@ crate::pjrt_entry!(buffer_unpadded_dimensions = "PJRT_Buffer_UnpaddedDimensions"
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_dynamic_dimension_indices = "PJRT_Buffer_DynamicDimensionIndices", PJRT_Buffer_DynamicDimensionIndices_Args through num_dynamic_dims, |args| {
+crate::pjrt_entry!(
+    /// None: every dimension is static.
+    buffer_dynamic_dimension_indices = "PJRT_Buffer_DynamicDimensionIndices", PJRT_Buffer_DynamicDimensionIndices_Args through num_dynamic_dims, |args| {
     // SAFETY: live handle per contract.
     unsafe { buffer_arg(args.buffer, "PJRT_Buffer_DynamicDimensionIndices", "buffer") }?;
     args.dynamic_dim_indices = std::ptr::null();
@@ -77,7 +73,10 @@ crate::pjrt_entry!(buffer_dynamic_dimension_indices = "PJRT_Buffer_DynamicDimens
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_get_memory_layout = "PJRT_Buffer_GetMemoryLayout", PJRT_Buffer_GetMemoryLayout_Args through layout, |args| {
+crate::pjrt_entry!(
+    /// The dense row-major layout (tiled, no tiles); `minor_to_major` is
+    /// borrowed from the handle.
+    buffer_get_memory_layout = "PJRT_Buffer_GetMemoryLayout", PJRT_Buffer_GetMemoryLayout_Args through layout, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_GetMemoryLayout", "buffer") }?;
     let mut layout = PJRT_Buffer_MemoryLayout {
@@ -98,49 +97,67 @@ crate::pjrt_entry!(buffer_get_memory_layout = "PJRT_Buffer_GetMemoryLayout", PJR
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_on_device_size_in_bytes = "PJRT_Buffer_OnDeviceSizeInBytes", PJRT_Buffer_OnDeviceSizeInBytes_Args through on_device_size_in_bytes, |args| {
+crate::pjrt_entry!(
+    /// The size of the buffer's data on its device.
+    buffer_on_device_size_in_bytes = "PJRT_Buffer_OnDeviceSizeInBytes", PJRT_Buffer_OnDeviceSizeInBytes_Args through on_device_size_in_bytes, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_OnDeviceSizeInBytes", "buffer") }?;
     args.on_device_size_in_bytes = b.buffer.byte_size();
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_device = "PJRT_Buffer_Device", PJRT_Buffer_Device_Args through device, |args| {
+crate::pjrt_entry!(
+    /// The buffer's device, borrowed from its client.
+    buffer_device = "PJRT_Buffer_Device", PJRT_Buffer_Device_Args through device, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Device", "buffer") }?;
     args.device = b.tables.device_ptr(b.buffer.device().global_id);
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_memory = "PJRT_Buffer_Memory", PJRT_Buffer_Memory_Args through memory, |args| {
+crate::pjrt_entry!(
+    /// The buffer's memory, borrowed from its client.
+    buffer_memory = "PJRT_Buffer_Memory", PJRT_Buffer_Memory_Args through memory, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Memory", "buffer") }?;
     args.memory = b.tables.memory_ptr(&b.buffer.device().memory);
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_delete = "PJRT_Buffer_Delete", PJRT_Buffer_Delete_Args through buffer, |args| {
+crate::pjrt_entry!(
+    /// Releases the data (kept while a read, a send or an external reference
+    /// still holds it); the handle stays until `PJRT_Buffer_Destroy`, and later
+    /// reads of it are INVALID_ARGUMENT.
+    buffer_delete = "PJRT_Buffer_Delete", PJRT_Buffer_Delete_Args through buffer, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_Delete", "buffer") }?;
     b.buffer.delete();
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_is_deleted = "PJRT_Buffer_IsDeleted", PJRT_Buffer_IsDeleted_Args through is_deleted, |args| {
+crate::pjrt_entry!(
+    /// Whether `PJRT_Buffer_Delete` released the data.
+    buffer_is_deleted = "PJRT_Buffer_IsDeleted", PJRT_Buffer_IsDeleted_Args through is_deleted, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_IsDeleted", "buffer") }?;
     args.is_deleted = b.buffer.is_deleted();
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_is_on_cpu = "PJRT_Buffer_IsOnCpu", PJRT_Buffer_IsOnCpu_Args through is_on_cpu, |args| {
+crate::pjrt_entry!(
+    /// Whether the data is in host memory; true for a deleted buffer, whose
+    /// memory cannot be asked.
+    buffer_is_on_cpu = "PJRT_Buffer_IsOnCpu", PJRT_Buffer_IsOnCpu_Args through is_on_cpu, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_IsOnCpu", "buffer") }?;
     args.is_on_cpu = b.buffer.allocation("PJRT_Buffer_IsOnCpu").map(|a| a.is_host_memory()).unwrap_or(true);
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_ready_event = "PJRT_Buffer_ReadyEvent", PJRT_Buffer_ReadyEvent_Args through event, |args| {
+crate::pjrt_entry!(
+    /// An event that is ready when the data is defined (for a receive buffer:
+    /// when its transfer finished), carrying that outcome. The caller owns it.
+    buffer_ready_event = "PJRT_Buffer_ReadyEvent", PJRT_Buffer_ReadyEvent_Args through event, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_ReadyEvent", "buffer") }?;
     args.event = into_raw(EventHandle::from_future(b.buffer.ready_event("PJRT_Buffer_ReadyEvent")));
@@ -164,7 +181,12 @@ fn read_to_host(
     Ok(into_raw(EventHandle::from_future(future)))
 }
 
-crate::pjrt_entry!(buffer_to_host_buffer = "PJRT_Buffer_ToHostBuffer", PJRT_Buffer_ToHostBuffer_Args through event, |args| {
+crate::pjrt_entry!(
+    /// Starts copying the whole buffer to `dst`; with `dst` null it only sets
+    /// `dst_size`. The caller owns `event` and keeps `dst` writable until it is
+    /// ready. INVALID_ARGUMENT when `dst_size` is too small, UNIMPLEMENTED for a
+    /// `host_layout` other than dense row-major.
+    buffer_to_host_buffer = "PJRT_Buffer_ToHostBuffer", PJRT_Buffer_ToHostBuffer_Args through event, |args| {
     const F: &str = "PJRT_Buffer_ToHostBuffer";
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.src, F, "src") }?;
@@ -186,7 +208,11 @@ crate::pjrt_entry!(buffer_to_host_buffer = "PJRT_Buffer_ToHostBuffer", PJRT_Buff
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_copy_raw_to_host = "PJRT_Buffer_CopyRawToHost", PJRT_Buffer_CopyRawToHost_Args through event, |args| {
+crate::pjrt_entry!(
+    /// Starts copying `transfer_size` bytes at `offset` to `dst`. The caller
+    /// owns `event` and keeps `dst` writable until it is ready. OUT_OF_RANGE for
+    /// bytes outside the buffer.
+    buffer_copy_raw_to_host = "PJRT_Buffer_CopyRawToHost", PJRT_Buffer_CopyRawToHost_Args through event, |args| {
     const F: &str = "PJRT_Buffer_CopyRawToHost";
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
@@ -223,35 +249,47 @@ fn copy_to(
     )))
 }
 
-crate::pjrt_entry!(buffer_copy_to_device = "PJRT_Buffer_CopyToDevice", PJRT_Buffer_CopyToDevice_Args through dst_buffer, |args| {
+crate::pjrt_entry!(
+    /// A copy of the buffer on `dst_device` (a device of the same client); the
+    /// caller owns `dst_buffer`.
+    buffer_copy_to_device = "PJRT_Buffer_CopyToDevice", PJRT_Buffer_CopyToDevice_Args through dst_buffer, |args| {
     const F: &str = "PJRT_Buffer_CopyToDevice";
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let device = unsafe { try_borrow::<DeviceHandle>(args.dst_device, F, "dst_device") }?;
+    let device = unsafe { device_arg(args.dst_device, F, "dst_device") }?;
     args.dst_buffer = copy_to(b, &device.device, F)?;
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_copy_to_memory = "PJRT_Buffer_CopyToMemory", PJRT_Buffer_CopyToMemory_Args through dst_buffer, |args| {
+crate::pjrt_entry!(
+    /// A copy of the buffer in `dst_memory` (a memory of the same client); the
+    /// caller owns `dst_buffer`.
+    buffer_copy_to_memory = "PJRT_Buffer_CopyToMemory", PJRT_Buffer_CopyToMemory_Args through dst_buffer, |args| {
     const F: &str = "PJRT_Buffer_CopyToMemory";
     // SAFETY: live handles per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     // SAFETY: live handle per contract.
-    let memory = unsafe { try_borrow::<MemoryHandle>(args.dst_memory, F, "dst_memory") }?;
+    let memory = unsafe { memory_arg(args.dst_memory, F, "dst_memory") }?;
     let device = b.client.device_by_global_id(memory.memory.device_global_id(), F)?.clone();
     args.dst_buffer = copy_to(b, &device, F)?;
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_unsafe_pointer = "PJRT_Buffer_UnsafePointer", PJRT_Buffer_UnsafePointer_Args through buffer_pointer, |args| {
+crate::pjrt_entry!(
+    /// The data's device address, valid while the buffer is alive and not
+    /// deleted (or an external reference holds it). INVALID_ARGUMENT once
+    /// deleted.
+    buffer_unsafe_pointer = "PJRT_Buffer_UnsafePointer", PJRT_Buffer_UnsafePointer_Args through buffer_pointer, |args| {
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, "PJRT_Buffer_UnsafePointer", "buffer") }?;
     args.buffer_pointer = b.buffer.address("PJRT_Buffer_UnsafePointer")?;
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_opaque_device_memory_data_pointer = "PJRT_Buffer_OpaqueDeviceMemoryDataPointer", PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args through device_memory_ptr, |args| {
+crate::pjrt_entry!(
+    /// As `PJRT_Buffer_UnsafePointer`, as an opaque pointer.
+    buffer_opaque_device_memory_data_pointer = "PJRT_Buffer_OpaqueDeviceMemoryDataPointer", PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args through device_memory_ptr, |args| {
     const F: &str = "PJRT_Buffer_OpaqueDeviceMemoryDataPointer";
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
@@ -259,14 +297,20 @@ crate::pjrt_entry!(buffer_opaque_device_memory_data_pointer = "PJRT_Buffer_Opaqu
     Ok(())
 });
 
-crate::pjrt_entry!(buffer_increase_external_reference_count = "PJRT_Buffer_IncreaseExternalReferenceCount", PJRT_Buffer_IncreaseExternalReferenceCount_Args through buffer, |args| {
+crate::pjrt_entry!(
+    /// Pins the data for a user outside PJRT (DLPack): `PJRT_Buffer_Delete`
+    /// no longer releases it until the count is back to zero. INVALID_ARGUMENT
+    /// for a deleted buffer.
+    buffer_increase_external_reference_count = "PJRT_Buffer_IncreaseExternalReferenceCount", PJRT_Buffer_IncreaseExternalReferenceCount_Args through buffer, |args| {
     const F: &str = "PJRT_Buffer_IncreaseExternalReferenceCount";
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;
     b.buffer.increase_external_refs(F)
 });
 
-crate::pjrt_entry!(buffer_decrease_external_reference_count = "PJRT_Buffer_DecreaseExternalReferenceCount", PJRT_Buffer_DecreaseExternalReferenceCount_Args through buffer, |args| {
+crate::pjrt_entry!(
+    /// Drops one external reference. FAILED_PRECONDITION when there is none.
+    buffer_decrease_external_reference_count = "PJRT_Buffer_DecreaseExternalReferenceCount", PJRT_Buffer_DecreaseExternalReferenceCount_Args through buffer, |args| {
     const F: &str = "PJRT_Buffer_DecreaseExternalReferenceCount";
     // SAFETY: live handle per contract.
     let b = unsafe { buffer_arg(args.buffer, F, "buffer") }?;

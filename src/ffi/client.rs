@@ -1,22 +1,28 @@
 //! PJRT_Client_*: creation, topology queries, buffers from host memory.
 use std::sync::Arc;
 
-use super::bindings::*;
-use super::boundary::null_field;
-use super::handles::{
-    into_raw, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
-    MemoryHandle,
+use super::args::{
+    check_default_layout, client_arg, device_arg, memory_arg, null_field, owned_arg, read_dims,
+    read_named_values, str_out,
 };
-use super::strings::{read_named_values, str_out};
+use super::bindings::*;
+use super::handles::{into_raw, BufferHandle, ClientHandle, EventHandle};
 use crate::api::buffer::HostArray;
 use crate::api::client::{Client, PLATFORM_NAME};
 use crate::api::device::Device;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::options::ClientOptions;
-use crate::status::{invalid_argument, unimplemented, Result};
+use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 
-crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+crate::pjrt_entry!(
+    /// Creates a client from `create_options` (named values, see
+    /// `api::options`) and, for a multi-process job, the caller's KV callbacks
+    /// (kept for the client's life). The caller owns `client`
+    /// (`PJRT_Client_Destroy`). INVALID_ARGUMENT for an unknown or ill-typed
+    /// option; a compute plugin that failed to load is reported here. The table's
+    /// slot is `jax_support::client_create_registering`, which wraps this.
+    client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
     const F: &str = "PJRT_Client_Create";
     super::logging::init();
     // SAFETY: `create_options` holds `num_options` named values per header.
@@ -36,49 +42,48 @@ crate::pjrt_entry!(client_create = "PJRT_Client_Create", PJRT_Client_Create_Args
     Ok(())
 });
 
-crate::pjrt_entry!(client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
-    if args.client.is_null() {
-        return Ok(()); // The header allows destroying nullptr.
-    }
-    // SAFETY: the caller gives up its owned client handle.
-    drop(unsafe { try_take::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
+crate::pjrt_entry!(
+    /// Destroys the caller's client handle; null is allowed. Its devices and
+    /// memories stay valid while buffers of the client live (they share its
+    /// tables). INVALID_ARGUMENT for a handle that is not a live client.
+    client_destroy = "PJRT_Client_Destroy", PJRT_Client_Destroy_Args through client, |args| {
+    // SAFETY: the caller gives up its owned client handle (or null).
+    drop(unsafe { owned_arg::<ClientHandle>(args.client, "PJRT_Client_Destroy", "client") }?);
     Ok(())
 });
 
-/// Borrows the client named in an args struct.
-///
-/// # Safety
-/// `client` must be null or a client handle that has not been destroyed.
-pub(crate) unsafe fn client_arg<'a>(
-    client: *mut PJRT_Client,
-    function: &str,
-) -> Result<&'a ClientHandle> {
-    // SAFETY: forwarded contract.
-    unsafe { try_borrow::<ClientHandle>(client, function, "client") }
-}
-
-crate::pjrt_entry!(client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
+crate::pjrt_entry!(
+    /// The platform name, `crosshost`: a static string the caller borrows.
+    client_platform_name = "PJRT_Client_PlatformName", PJRT_Client_PlatformName_Args through platform_name_size, |args| {
     // SAFETY: live client per contract.
     unsafe { client_arg(args.client, "PJRT_Client_PlatformName") }?;
     (args.platform_name, args.platform_name_size) = str_out(PLATFORM_NAME);
     Ok(())
 });
 
-crate::pjrt_entry!(client_process_index = "PJRT_Client_ProcessIndex", PJRT_Client_ProcessIndex_Args through process_index, |args| {
+crate::pjrt_entry!(
+    /// This client's process index in its job.
+    client_process_index = "PJRT_Client_ProcessIndex", PJRT_Client_ProcessIndex_Args through process_index, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_ProcessIndex") }?;
     args.process_index = client.client.process_index();
     Ok(())
 });
 
-crate::pjrt_entry!(client_platform_version = "PJRT_Client_PlatformVersion", PJRT_Client_PlatformVersion_Args through platform_version_size, |args| {
+crate::pjrt_entry!(
+    /// The platform version, borrowed from the client (alive until it is
+    /// destroyed).
+    client_platform_version = "PJRT_Client_PlatformVersion", PJRT_Client_PlatformVersion_Args through platform_version_size, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_PlatformVersion") }?;
     (args.platform_version, args.platform_version_size) = str_out(client.client.platform_version());
     Ok(())
 });
 
-crate::pjrt_entry!(client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_Args through num_devices, |args| {
+crate::pjrt_entry!(
+    /// Every device of the job, this process's and the others'; the array is
+    /// borrowed from the client.
+    client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_Args through num_devices, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_Devices") }?;
     args.devices = client.tables.all_devices.0.as_ptr();
@@ -86,7 +91,9 @@ crate::pjrt_entry!(client_devices = "PJRT_Client_Devices", PJRT_Client_Devices_A
     Ok(())
 });
 
-crate::pjrt_entry!(client_addressable_devices = "PJRT_Client_AddressableDevices", PJRT_Client_AddressableDevices_Args through num_addressable_devices, |args| {
+crate::pjrt_entry!(
+    /// This process's devices; the array is borrowed from the client.
+    client_addressable_devices = "PJRT_Client_AddressableDevices", PJRT_Client_AddressableDevices_Args through num_addressable_devices, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableDevices") }?;
     args.addressable_devices = client.tables.addressable_devices.0.as_ptr();
@@ -94,7 +101,10 @@ crate::pjrt_entry!(client_addressable_devices = "PJRT_Client_AddressableDevices"
     Ok(())
 });
 
-crate::pjrt_entry!(client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Client_LookupDevice_Args through device, |args| {
+crate::pjrt_entry!(
+    /// The device with global id `id`, borrowed from the client.
+    /// INVALID_ARGUMENT for an id the job does not have.
+    client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Client_LookupDevice_Args through device, |args| {
     const F: &str = "PJRT_Client_LookupDevice";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;
@@ -103,7 +113,10 @@ crate::pjrt_entry!(client_lookup_device = "PJRT_Client_LookupDevice", PJRT_Clien
     Ok(())
 });
 
-crate::pjrt_entry!(client_lookup_addressable_device = "PJRT_Client_LookupAddressableDevice", PJRT_Client_LookupAddressableDevice_Args through addressable_device, |args| {
+crate::pjrt_entry!(
+    /// This process's device with `local_hardware_id`, borrowed from the client.
+    /// INVALID_ARGUMENT for an id this process does not have.
+    client_lookup_addressable_device = "PJRT_Client_LookupAddressableDevice", PJRT_Client_LookupAddressableDevice_Args through addressable_device, |args| {
     const F: &str = "PJRT_Client_LookupAddressableDevice";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;
@@ -112,7 +125,10 @@ crate::pjrt_entry!(client_lookup_addressable_device = "PJRT_Client_LookupAddress
     Ok(())
 });
 
-crate::pjrt_entry!(client_addressable_memories = "PJRT_Client_AddressableMemories", PJRT_Client_AddressableMemories_Args through num_addressable_memories, |args| {
+crate::pjrt_entry!(
+    /// The memories of this process's devices; the array is borrowed from the
+    /// client.
+    client_addressable_memories = "PJRT_Client_AddressableMemories", PJRT_Client_AddressableMemories_Args through num_addressable_memories, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, "PJRT_Client_AddressableMemories") }?;
     args.addressable_memories = client.tables.addressable_memories.0.as_ptr();
@@ -135,7 +151,7 @@ pub(crate) unsafe fn destination_device(
     } else {
         // SAFETY: forwarded contract.
         Some(
-            unsafe { try_borrow::<DeviceHandle>(device, function, "device") }?
+            unsafe { device_arg(device, function, "device") }?
                 .device
                 .clone(),
         )
@@ -144,7 +160,7 @@ pub(crate) unsafe fn destination_device(
         None
     } else {
         // SAFETY: forwarded contract.
-        let memory = unsafe { try_borrow::<MemoryHandle>(memory, function, "memory") }?;
+        let memory = unsafe { memory_arg(memory, function, "memory") }?;
         Some(
             client
                 .client
@@ -181,88 +197,15 @@ pub(crate) unsafe fn destination_device(
     Ok(device)
 }
 
-/// Reads a `num_dims`/`dims` pair.
-///
-/// # Safety
-/// `dims` must be null or point to `num_dims` readable int64s.
-pub(crate) unsafe fn read_dims(
-    dims: *const i64,
-    num_dims: usize,
-    function: &str,
-) -> Result<Vec<i64>> {
-    if num_dims == 0 {
-        return Ok(Vec::new());
-    }
-    if dims.is_null() {
-        return Err(null_field(function, "dims"));
-    }
-    // SAFETY: forwarded contract.
-    Ok(unsafe { std::slice::from_raw_parts(dims, num_dims) }.to_vec())
-}
-
-/// Only the dense row-major layout exists on this backend.
-///
-/// # Safety
-/// `layout` must be null or a readable `PJRT_Buffer_MemoryLayout`.
-pub(crate) unsafe fn check_default_layout(
-    layout: *const PJRT_Buffer_MemoryLayout,
-    shape: &Shape,
-    function: &str,
-) -> Result<()> {
-    if layout.is_null() {
-        return Ok(());
-    }
-    // SAFETY: forwarded contract.
-    let layout = unsafe { &*layout };
-    let is_default = match layout.type_ {
-        PJRT_Buffer_MemoryLayout_Type_Tiled => {
-            // SAFETY: `type_` selects the tiled member of the union.
-            let tiled = unsafe { &layout.__bindgen_anon_1.tiled };
-            let minor_to_major = if tiled.minor_to_major_size == 0 {
-                Vec::new()
-            } else if tiled.minor_to_major.is_null() {
-                return Err(null_field(function, "layout.tiled.minor_to_major"));
-            } else {
-                // SAFETY: header promises minor_to_major_size entries.
-                unsafe {
-                    std::slice::from_raw_parts(tiled.minor_to_major, tiled.minor_to_major_size)
-                }
-                .to_vec()
-            };
-            tiled.num_tiles == 0 && minor_to_major == shape.default_minor_to_major()
-        }
-        PJRT_Buffer_MemoryLayout_Type_Strides => {
-            // SAFETY: `type_` selects the strides member of the union.
-            let strides = unsafe { &layout.__bindgen_anon_1.strides };
-            let given = if strides.num_byte_strides == 0 {
-                Vec::new()
-            } else if strides.byte_strides.is_null() {
-                return Err(null_field(function, "layout.strides.byte_strides"));
-            } else {
-                // SAFETY: header promises num_byte_strides entries.
-                unsafe {
-                    std::slice::from_raw_parts(strides.byte_strides, strides.num_byte_strides)
-                }
-                .to_vec()
-            };
-            given == shape.dense_byte_strides()
-        }
-        other => {
-            return Err(invalid_argument(format!(
-                "{function}: unknown memory layout type {other}"
-            )))
-        }
-    };
-    if is_default {
-        Ok(())
-    } else {
-        Err(unimplemented(format!(
-            "{function}: only the dense row-major layout is supported on this device"
-        )))
-    }
-}
-
-crate::pjrt_entry!(client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {
+crate::pjrt_entry!(
+    /// An embedded client's buffer from host data (dense, or numpy-style
+    /// `byte_strides`) on `device` or `memory` (given both, they must agree). The
+    /// bytes are copied before return, so `done_with_host_buffer` is ready at
+    /// once; the caller owns it and `buffer`. INVALID_ARGUMENT for a bad element
+    /// type, dims, strides or destination, UNIMPLEMENTED for a `device_layout`
+    /// other than dense row-major. A delegating client's call goes to the compute
+    /// plugin instead (`forward/delegated.rs`).
+    client_buffer_from_host_buffer = "PJRT_Client_BufferFromHostBuffer", PJRT_Client_BufferFromHostBuffer_Args through buffer, |args| {
     const F: &str = "PJRT_Client_BufferFromHostBuffer";
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, F) }?;

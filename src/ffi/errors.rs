@@ -4,6 +4,7 @@ use std::os::raw::c_char;
 use std::ptr;
 
 use super::bindings::*;
+use super::boundary::or_on_panic;
 use crate::status::{Code, Status};
 
 /// Our error object. `base` must stay first: callers may read `vtable`.
@@ -83,15 +84,8 @@ pub(crate) unsafe fn take_error(error: *mut PJRT_Error) -> Option<Status> {
                 // SAFETY: vtable function of a live error, out-params valid.
                 unsafe { f(error, &mut message, &mut size) };
             }
-            let text = if message.is_null() {
-                String::new()
-            } else {
-                // SAFETY: the vtable promises `size` readable bytes.
-                String::from_utf8_lossy(unsafe {
-                    std::slice::from_raw_parts(message as *const u8, size)
-                })
-                .into_owned()
-            };
+            // SAFETY: the vtable promises `size` readable bytes.
+            let text = unsafe { super::args::lossy_str(message, size) };
             if let Some(f) = t.destroy {
                 // SAFETY: we own the error and destroy it once.
                 unsafe { f(error) };
@@ -103,6 +97,7 @@ pub(crate) unsafe fn take_error(error: *mut PJRT_Error) -> Option<Status> {
     Some(status)
 }
 
+/// vtable `destroy`: frees one of our errors (null is ignored).
 unsafe extern "C" fn vt_destroy(error: *mut PJRT_Error) {
     if !error.is_null() {
         // SAFETY: our vtable is only installed on Box<ErrorObject>s.
@@ -110,6 +105,8 @@ unsafe extern "C" fn vt_destroy(error: *mut PJRT_Error) {
     }
 }
 
+/// vtable `message`: borrows the message (alive until the error is
+/// destroyed); null out-pointers are skipped.
 unsafe extern "C" fn vt_message(
     error: *const PJRT_Error,
     message: *mut *const c_char,
@@ -127,11 +124,13 @@ unsafe extern "C" fn vt_message(
     }
 }
 
+/// vtable `get_code`.
 unsafe extern "C" fn vt_get_code(error: *const PJRT_Error) -> PJRT_Error_Code {
     // SAFETY: our vtable ⇒ `error` is an ErrorObject.
     unsafe { (*(error as *const ErrorObject)).status.code as PJRT_Error_Code }
 }
 
+/// vtable `for_each_payload`: visits nothing.
 unsafe extern "C" fn vt_for_each_payload(
     _error: *const PJRT_Error,
     _visitor: PJRT_Error_PayloadVisitor,
@@ -142,8 +141,11 @@ unsafe extern "C" fn vt_for_each_payload(
 
 // ------------------------------ C entries -----------------------------------
 
+/// Frees `error`, ours or another implementation's (through its vtable), which
+/// the caller gives up. Null args or a null error do nothing: this function
+/// has no way to report.
 pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args) {
-    let _ = std::panic::catch_unwind(|| {
+    or_on_panic((), || {
         if args.is_null() {
             return;
         }
@@ -151,11 +153,13 @@ pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args
         let error = unsafe { (*args).error };
         // SAFETY: the caller owns `error` and gives it up here.
         drop(unsafe { take_error(error) });
-    });
+    })
 }
 
+/// Borrows the error's message (alive until the error is destroyed), through
+/// its vtable. A null error gives an empty message; null args do nothing.
 pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args) {
-    let _ = std::panic::catch_unwind(|| {
+    or_on_panic((), || {
         if args.is_null() {
             return;
         }
@@ -172,12 +176,15 @@ pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args
                 f(args.error, &mut args.message, &mut args.message_size);
             }
         }
-    });
+    })
 }
 
-crate::pjrt_entry!(error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {
+crate::pjrt_entry!(
+    /// The error's code, through its vtable (ours or another
+    /// implementation's). INVALID_ARGUMENT for a null error.
+    error_get_code = "PJRT_Error_GetCode", PJRT_Error_GetCode_Args through code, |args| {
     if args.error.is_null() {
-        return Err(super::boundary::null_field("PJRT_Error_GetCode", "error"));
+        return Err(super::args::null_field("PJRT_Error_GetCode", "error"));
     }
     // SAFETY: `error` is a live PJRT_Error; its vtable answers.
     args.code = unsafe {

@@ -321,10 +321,13 @@ impl ClientHandle {
     }
 }
 
+/// The compute plugin's device → (our handle's address, the delegating client
+/// that owns it).
+type ComputeDeviceMap = HashMap<InnerPtr, (usize, Weak<Client>)>;
+
 /// The compute plugin's device and memory handles → ours, for outputs of
 /// forwarded calls (a buffer's device, an executable's devices).
-static COMPUTE_DEVICES: Lazy<RwLock<HashMap<InnerPtr, (usize, Weak<Client>)>>> =
-    Lazy::new(Default::default);
+static COMPUTE_DEVICES: Lazy<RwLock<ComputeDeviceMap>> = Lazy::new(Default::default);
 static COMPUTE_MEMORIES: Lazy<RwLock<HashMap<InnerPtr, usize>>> = Lazy::new(Default::default);
 
 /// Our device handle wrapping the compute plugin's `inner`, if any.
@@ -571,6 +574,8 @@ static MEMORY_TABLE: MemoryTable = MemoryTable(PJRT_Memory_FunctionTable {
     set_user_data: Some(memory_set_user_data),
 });
 
+/// Memory vtable `get_user_data`: what the framework stored under `key`,
+/// or null.
 unsafe extern "C" fn memory_get_user_data(
     memory: *mut PJRT_Memory,
     key: *const c_void,
@@ -585,6 +590,8 @@ unsafe extern "C" fn memory_get_user_data(
         .unwrap_or(std::ptr::null_mut())
 }
 
+/// Memory vtable `set_user_data`: stores `data` under `key`; the value it
+/// replaces is handed to its own destructor.
 unsafe extern "C" fn memory_set_user_data(
     memory: *mut PJRT_Memory,
     key: *const c_void,

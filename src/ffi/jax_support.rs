@@ -7,19 +7,21 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::args::{client_arg, null_field};
 use super::bindings::*;
-use super::boundary::null_field;
-use super::handles::{try_borrow, ClientHandle};
+use super::boundary::or_on_panic;
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
 
 const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
 
-// jaxlib converts every PJRT_Error to a Status through GetCode, Message and
-// ForEachPayload; an error from ForEachPayload makes it convert that error
-// too, recursing until the stack overflows. Ours carry no payloads, foreign
-// ones are visited through their own vtable.
-crate::pjrt_entry!(error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
+crate::pjrt_entry!(
+    /// Visits the error's payloads: ours carry none, another implementation's
+    /// are visited through its own vtable. INVALID_ARGUMENT only for a null
+    /// error: jaxlib converts every PJRT_Error to a Status through GetCode,
+    /// Message and ForEachPayload, and an error from ForEachPayload makes it
+    /// convert that error too, recursing until the stack overflows.
+    error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
     if args.error.is_null() {
         return Err(null_field(FOR_EACH_PAYLOAD, "error"));
     }
@@ -73,13 +75,17 @@ unsafe fn read_process_infos(
         .collect())
 }
 
-// jaxlib's multi-process client calls this from a background thread whenever
-// its coordination service reports a change in the job's processes, and
-// aborts the process on an error. The v2 transfer calls carry their own
-// incarnation snapshot (v8 fields), so this only checks and logs the report.
-crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
+crate::pjrt_entry!(
+    /// Hands the job's processes (`PJRT_ProcessInfo`s, stepped by the
+    /// caller's own `struct_size`) to the client's transfers: the incarnations
+    /// are recorded, and pending receives from a task reported disconnected or
+    /// failed fail with UNAVAILABLE. jaxlib's multi-process client calls this
+    /// from a background thread whenever its coordination service reports a
+    /// change, and aborts the process on an error, so the only errors are
+    /// INVALID_ARGUMENT for null or too short `process_infos`.
+    client_update_global_process_info = "PJRT_Client_UpdateGlobalProcessInfo", PJRT_Client_UpdateGlobalProcessInfo_Args through num_process_infos, |args| {
     // SAFETY: live client per contract.
-    let client = unsafe { super::client::client_arg(args.client, UPDATE_PROCESS_INFO) }?;
+    let client = unsafe { client_arg(args.client, UPDATE_PROCESS_INFO) }?;
     if args.num_process_infos > 0 && args.process_infos.is_null() {
         return Err(null_field(UPDATE_PROCESS_INFO, "process_infos"));
     }
@@ -100,9 +106,11 @@ crate::pjrt_entry!(client_update_global_process_info = "PJRT_Client_UpdateGlobal
 /// `pjrt_crosshost_live_clients_metrics_json` instead.
 static LIVE_CLIENTS: Lazy<Mutex<Vec<Weak<Client>>>> = Lazy::new(|| Mutex::new(Vec::new()));
 
-// PJRT_Client_Create, plus remembering the new client (weakly) for
-// `pjrt_crosshost_live_clients_metrics_json`.
-crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
+crate::pjrt_entry!(
+    /// `PJRT_Client_Create` as the table offers it: `client::client_create`,
+    /// then the new client is remembered (weakly) for
+    /// `pjrt_crosshost_live_clients_metrics_json`. Same contract and errors.
+    client_create_registering = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
     let raw: *mut PJRT_Client_Create_Args = args;
     // SAFETY: `raw` is the caller's checked args struct, passed on unchanged.
     let error = unsafe { super::client::client_create(raw) };
@@ -111,7 +119,7 @@ crate::pjrt_entry!(client_create_registering = "PJRT_Client_Create", PJRT_Client
         return Err(status);
     }
     // SAFETY: client_create succeeded, so `client` is the live handle it made.
-    let handle = unsafe { try_borrow::<ClientHandle>(args.client, "PJRT_Client_Create", "client") }?;
+    let handle = unsafe { client_arg(args.client, "PJRT_Client_Create") }?;
     let mut live = LIVE_CLIENTS.lock();
     live.retain(|c| c.strong_count() > 0);
     live.push(Arc::downgrade(&handle.client));
@@ -133,7 +141,7 @@ pub(crate) fn live_clients() -> Vec<Arc<Client>> {
 /// internal error.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
-    std::panic::catch_unwind(|| {
+    or_on_panic(std::ptr::null_mut(), || {
         let clients = live_clients();
         let entries: Vec<String> = clients
             .iter()
@@ -149,5 +157,4 @@ pub extern "C" fn pjrt_crosshost_live_clients_metrics_json() -> *mut c_char {
             .map(CString::into_raw)
             .unwrap_or(std::ptr::null_mut())
     })
-    .unwrap_or(std::ptr::null_mut())
 }

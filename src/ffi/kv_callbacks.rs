@@ -33,19 +33,17 @@ fn callback_error_ptr() -> *mut PJRT_CallbackError {
     ptr::addr_of!(CALLBACK_ERROR) as *mut PJRT_CallbackError
 }
 
+/// The `PJRT_CallbackError` we hand to each KV callback: a new error of ours
+/// with `code` and a copy of the message, owned by whoever the callback
+/// returns it to (us).
 unsafe extern "C" fn callback_error(
     code: PJRT_Error_Code,
     message: *const c_char,
     message_size: usize,
 ) -> *mut PJRT_Error {
-    let message = if message.is_null() || message_size == 0 {
-        String::new()
-    } else {
-        // SAFETY: the PJRT contract: `message` points to `message_size`
-        // readable bytes for the duration of this call; we copy them.
-        let bytes = unsafe { std::slice::from_raw_parts(message as *const u8, message_size) };
-        String::from_utf8_lossy(bytes).into_owned()
-    };
+    // SAFETY: the PJRT contract: `message` points to `message_size` readable
+    // bytes for the duration of this call; we copy them.
+    let message = unsafe { crate::ffi::args::lossy_str(message, message_size) };
     // The plugin's own error object (ffi/errors.rs): a well-formed
     // PJRT_Error whose vtable any reader can use.
     error_into_raw(Status::new(Code::from_raw(code as i32), message))

@@ -2,17 +2,17 @@
 use std::ffi::CString;
 use std::os::raw::c_char;
 
+use super::args::client_arg;
 use super::bindings::PJRT_Client;
-use super::handles::{try_borrow, ClientHandle};
+use super::boundary::or_on_panic;
 
 /// JSON snapshot of the client's transfer metrics; NULL for a null or
 /// invalid client. Free with `pjrt_crosshost_free_string`.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_metrics_json(client: *const PJRT_Client) -> *mut c_char {
-    std::panic::catch_unwind(|| {
+    or_on_panic(std::ptr::null_mut(), || {
         // SAFETY: null or a live client handle (the tag check rejects others).
-        match unsafe { try_borrow::<ClientHandle>(client, "pjrt_crosshost_metrics_json", "client") }
-        {
+        match unsafe { client_arg(client, "pjrt_crosshost_metrics_json") } {
             Ok(handle) => CString::new(handle.client.metrics_json())
                 .map(CString::into_raw)
                 .unwrap_or(std::ptr::null_mut()),
@@ -22,16 +22,15 @@ pub extern "C" fn pjrt_crosshost_metrics_json(client: *const PJRT_Client) -> *mu
             }
         }
     })
-    .unwrap_or(std::ptr::null_mut())
 }
 
 /// Frees a string returned by this plugin. NULL is ignored.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_free_string(s: *mut c_char) {
-    if !s.is_null() {
-        let _ = std::panic::catch_unwind(|| {
+    or_on_panic((), || {
+        if !s.is_null() {
             // SAFETY: made by CString::into_raw in this library.
             drop(unsafe { CString::from_raw(s) });
-        });
-    }
+        }
+    })
 }

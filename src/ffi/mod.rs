@@ -2,6 +2,7 @@
 //! safe layers below. No logic beyond translation lives here.
 // PJRT constants keep their C names.
 #![allow(non_upper_case_globals)]
+mod args;
 pub mod bindings;
 pub(crate) mod boundary;
 mod buffer;
@@ -18,7 +19,6 @@ pub mod logging;
 mod memory;
 mod metrics_export;
 mod plugin;
-mod strings;
 mod transfers;
 pub(crate) mod unimplemented;
 
@@ -52,10 +52,13 @@ fn api_table() -> PJRT_Api {
     api
 }
 
-/// The plugin's entry point.
+/// The plugin's entry point: the `PJRT_Api` table, static and never freed.
+/// The first call loads the configured compute plugin; a failure to load is
+/// logged and reported by `PJRT_Client_Create`, so that this never fails.
+/// NULL only on an internal panic.
 #[no_mangle]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
-    match std::panic::catch_unwind(|| {
+    boundary::or_on_panic(std::ptr::null(), || {
         logging::init();
         // Before the table exists: the compute plugin's extensions go on our
         // chain. A load failure is remembered and reported by client
@@ -64,10 +67,7 @@ pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
             log::error!("{e}");
         }
         &API.0 as *const PJRT_Api
-    }) {
-        Ok(api) => api,
-        Err(_) => std::ptr::null(),
-    }
+    })
 }
 
 #[cfg(test)]

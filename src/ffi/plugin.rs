@@ -7,6 +7,7 @@ use std::os::raw::{c_char, c_int};
 
 use once_cell::sync::OnceCell;
 
+use super::boundary::or_on_panic;
 use super::handles::{NamedValue, NamedValues};
 use crate::backend::compute_plugin;
 
@@ -69,7 +70,7 @@ crate::pjrt_entry!(
 /// compute plugin is already loaded or `path` is not UTF-8.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_set_compute_plugin(path: *const c_char) -> c_int {
-    std::panic::catch_unwind(|| {
+    or_on_panic(-1, || {
         let path = if path.is_null() {
             None
         } else {
@@ -90,18 +91,16 @@ pub extern "C" fn pjrt_crosshost_set_compute_plugin(path: *const c_char) -> c_in
             }
         }
     })
-    .unwrap_or(-1)
 }
 
 /// The compute plugin this process uses (NUL-terminated, free with
 /// `pjrt_crosshost_free_string`), or NULL when there is none.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_compute_plugin() -> *mut c_char {
-    std::panic::catch_unwind(|| {
+    or_on_panic(std::ptr::null_mut(), || {
         compute_plugin::loaded()
             .and_then(|plugin| CString::new(plugin.path().to_string_lossy().into_owned()).ok())
             .map(CString::into_raw)
             .unwrap_or(std::ptr::null_mut())
     })
-    .unwrap_or(std::ptr::null_mut())
 }

@@ -10,14 +10,14 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::bindings::*;
-use super::boundary::{null_field, panic_message, run_entry};
-use super::client::{client_arg, read_dims};
-use super::errors::{error_into_raw, take_error};
-use super::handles::{
-    into_raw, route, try_borrow, try_take, BufferHandle, ClientHandle, DeviceHandle, EventHandle,
-    Route,
+use super::args::{
+    array, buffer_arg, check_default_layout, client_arg, device_arg, event_arg, null_field,
+    read_dims, read_str,
 };
+use super::bindings::*;
+use super::boundary::{panic_message, Callback};
+use super::errors::{error_into_raw, take_error};
+use super::handles::{into_raw, route, try_take, BufferHandle, ClientHandle, EventHandle, Route};
 use crate::api::client::Client;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::transfers::{PeerIncarnations, ReceiveSpec, ReceivedBuffer, SourceBuffer};
@@ -28,19 +28,6 @@ const MAKE: &str = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers";
 const COPY: &str = "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice";
 const RECV: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
 const SEND: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
-
-/// # Safety
-/// `ptr` must be null or point to `len` readable `T`s.
-unsafe fn array<'a, T>(ptr: *const T, len: usize, function: &str, field: &str) -> Result<&'a [T]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(null_field(function, field));
-    }
-    // SAFETY: forwarded contract.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
-}
 
 /// Reads the shape arrays shared by both receive entries.
 ///
@@ -80,7 +67,7 @@ unsafe fn read_shapes(
         let shape = Shape::new(element_type, d, &context)?;
         if let Some(layouts) = layouts {
             // SAFETY: entries are null (default) or readable layouts.
-            unsafe { super::client::check_default_layout(layouts[i], &shape, &context) }?;
+            unsafe { check_default_layout(layouts[i], &shape, &context) }?;
         }
         shapes.push(shape);
     }
@@ -139,11 +126,19 @@ unsafe fn read_incarnations(
 
 // ------------------------------ v2: receive ----------------------------------
 
-crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args through buffers, |args| {
+crate::pjrt_entry!(
+    /// v2 receive: one buffer per shape on `device`, filled by the send of
+    /// `src_global_device_ids[i]` under `transfer_keys[i]`. Writes `num_shapes`
+    /// buffers into the caller's `buffers` array; the caller owns them, and each
+    /// buffer's ready event carries its own transfer's outcome. With the v8
+    /// fields, `task_ids` / `incarnation_ids` are the caller's snapshot of the
+    /// job's processes. INVALID_ARGUMENT for an empty or malformed shape list or
+    /// a null array.
+    cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers_Args through buffers, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, RECV) }?;
     // SAFETY: live device per contract.
-    let device = unsafe { try_borrow::<DeviceHandle>(args.device, RECV, "device") }?;
+    let device = unsafe { device_arg(args.device, RECV, "device") }?;
     // SAFETY: the header's arrays of num_shapes entries.
     let shapes = unsafe {
         read_shapes(args.num_shapes, args.shape_num_dims, args.num_dims as *const *const i64, args.element_types, args.layouts, RECV)
@@ -178,7 +173,14 @@ crate::pjrt_entry!(cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_Cros
 
 // ------------------------------- v2: send ------------------------------------
 
-crate::pjrt_entry!(cross_host_send_buffers = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers", PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args through send_events, |args| {
+crate::pjrt_entry!(
+    /// v2 send: `buffers[i]` (ours or the compute plugin's) to the receive of
+    /// `dst_global_device_ids[i]` under `transfer_keys[i]`. Writes `num_buffers`
+    /// events into the caller's `send_events`; the caller owns them, each ready
+    /// when its send is done. The caller keeps the buffers; one being sent is
+    /// held until its send is done. INVALID_ARGUMENT for an empty list or a null
+    /// array.
+    cross_host_send_buffers = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers", PJRT_Transfers_PJRT_Client_CrossHostSendBuffers_Args through send_events, |args| {
     // SAFETY: live client per contract.
     let client = unsafe { client_arg(args.client, SEND) }?;
     if args.num_buffers == 0 {
@@ -229,6 +231,12 @@ pub(crate) fn register_cancel_target(client: &Arc<Client>) -> u64 {
     id
 }
 
+/// The v1 cancel notifier we hand to a receive's notifier: fails the receive
+/// buffers named by `serialized_descriptor` with `reason` (CANCELLED for 0)
+/// and `error_message`, then reports once through `on_canceled`, which owns
+/// the error: NOT_FOUND for a buffer already finished or cancelled,
+/// INVALID_ARGUMENT once the client is gone, an error for a forged
+/// descriptor (which touches nothing).
 unsafe extern "C" fn cancel_notifier(
     serialized_descriptor: *const c_char,
     serialized_descriptor_size: usize,
@@ -252,10 +260,8 @@ unsafe extern "C" fn cancel_notifier(
             )
         }?;
         // SAFETY: message bytes valid for the stated size.
-        let message = unsafe {
-            super::strings::read_str(error_message, error_message_size, F, "error_message")
-        }
-        .unwrap_or_default();
+        let message = unsafe { read_str(error_message, error_message_size, F, "error_message") }
+            .unwrap_or_default();
         let code = if reason == 0 {
             Code::Cancelled
         } else {
@@ -291,91 +297,81 @@ unsafe extern "C" fn cancel_notifier(
 
 // ------------------------------ v1: receive ----------------------------------
 
-/// A v1 receive: buffers are created, then the notifier gets their
-/// descriptors exactly once (before this entry returns). Argument errors are
-/// returned without calling the notifier, so the caller never sees one
-/// failure twice.
-pub(crate) unsafe extern "C" fn make_cross_host_receive_buffers(
-    raw: *mut PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-) -> *mut PJRT_Error {
-    run_entry(MAKE, || {
-        let required = crate::struct_size_through!(
-            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-            num_buffers
-        );
-        // SAFETY: PJRT contract; checked_args rejects null and short structs.
-        let args = unsafe { super::boundary::checked_args(raw, MAKE, required) }?;
-        // SAFETY: live client per contract.
-        let client = unsafe { client_arg(args.client, MAKE) }?;
-        // SAFETY: live device per contract.
-        let device = unsafe { try_borrow::<DeviceHandle>(args.device, MAKE, "device") }?;
-        let notifier = args
-            .notifier
-            .notifier
-            .ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
-        // SAFETY: the header's arrays of num_shapes entries.
-        let shapes = unsafe {
-            read_shapes(
-                args.num_shapes,
-                args.shape_num_dims,
-                args.num_dims as *const *const i64,
-                args.element_types,
-                args.layouts,
-                MAKE,
+crate::pjrt_entry!(
+    /// v1 receive: one buffer per shape on `device`, written into the caller's
+    /// `buffers` (`num_buffers` set); the caller owns them. Then the notifier
+    /// gets their descriptors exactly once, before this entry returns
+    /// (borrowed for that call), and, with `allow_cancel_notifier`, our
+    /// `cancel_notifier`. Argument errors are returned without calling the
+    /// notifier, so the caller never sees one failure twice.
+    make_cross_host_receive_buffers = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers", PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args through num_buffers, |args| {
+    // SAFETY: live client per contract.
+    let client = unsafe { client_arg(args.client, MAKE) }?;
+    // SAFETY: live device per contract.
+    let device = unsafe { device_arg(args.device, MAKE, "device") }?;
+    let notifier = args
+        .notifier
+        .notifier
+        .ok_or_else(|| null_field(MAKE, "notifier.notifier"))?;
+    // SAFETY: the header's arrays of num_shapes entries.
+    let shapes = unsafe {
+        read_shapes(
+            args.num_shapes,
+            args.shape_num_dims,
+            args.num_dims as *const *const i64,
+            args.element_types,
+            args.layouts,
+            MAKE,
+        )
+    }?;
+    if args.buffers.is_null() {
+        return Err(null_field(MAKE, "buffers"));
+    }
+    let allow_cancel = crate::has_field!(
+        args,
+        PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
+        allow_cancel_notifier
+    ) && args.allow_cancel_notifier;
+    let (buffers, descriptors) = client.client.make_receive_buffers(&device.device, shapes, MAKE)?;
+    let count = buffers.len();
+    // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
+    let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
+    for (slot, buffer) in out.iter_mut().zip(buffers) {
+        *slot = hand_out(buffer, client);
+    }
+    args.num_buffers = count;
+    let mut pointers: Vec<*const c_char> = descriptors
+        .iter()
+        .map(|d| d.as_ptr() as *const c_char)
+        .collect();
+    let mut sizes: Vec<usize> = descriptors.iter().map(Vec::len).collect();
+    let (cancel, cancel_arg) = if allow_cancel {
+        let id = register_cancel_target(&client.client);
+        (
+            Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
+            id as *mut c_void,
+        )
+    } else {
+        (None, std::ptr::null_mut())
+    };
+    let user_arg = args.notifier.user_arg;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's notifier; the descriptor arrays live for
+        // the duration of the call, as the header requires.
+        unsafe {
+            notifier(
+                std::ptr::null_mut(),
+                pointers.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                count,
+                user_arg,
+                cancel,
+                cancel_arg,
             )
-        }?;
-        if args.buffers.is_null() {
-            return Err(null_field(MAKE, "buffers"));
         }
-        let allow_cancel = crate::has_field!(
-            args,
-            PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers_Args,
-            allow_cancel_notifier
-        ) && args.allow_cancel_notifier;
-        let (buffers, descriptors) =
-            client
-                .client
-                .make_receive_buffers(&device.device, shapes, MAKE)?;
-        let count = buffers.len();
-        // SAFETY: caller-allocated array of num_shapes entries (checked non-null).
-        let out = unsafe { std::slice::from_raw_parts_mut(args.buffers, count) };
-        for (slot, buffer) in out.iter_mut().zip(buffers) {
-            *slot = hand_out(buffer, client);
-        }
-        args.num_buffers = count;
-        let mut pointers: Vec<*const c_char> = descriptors
-            .iter()
-            .map(|d| d.as_ptr() as *const c_char)
-            .collect();
-        let mut sizes: Vec<usize> = descriptors.iter().map(Vec::len).collect();
-        let (cancel, cancel_arg) = if allow_cancel {
-            let id = register_cancel_target(&client.client);
-            (
-                Some(cancel_notifier as unsafe extern "C" fn(_, _, _, _, _, _, _, _)),
-                id as *mut c_void,
-            )
-        } else {
-            (None, std::ptr::null_mut())
-        };
-        let user_arg = args.notifier.user_arg;
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            // SAFETY: the caller's notifier; the descriptor arrays live for
-            // the duration of the call, as the header requires.
-            unsafe {
-                notifier(
-                    std::ptr::null_mut(),
-                    pointers.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    count,
-                    user_arg,
-                    cancel,
-                    cancel_arg,
-                )
-            }
-        }));
-        Ok(())
-    })
-}
+    }));
+    Ok(())
+});
 
 // ------------------------------- v1: send ------------------------------------
 
@@ -399,6 +395,22 @@ impl OwnedEvent {
 struct OnDone {
     callback: unsafe extern "C" fn(*mut PJRT_Error, bool, *mut c_void),
     user_arg: usize,
+}
+
+impl Callback<PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args> for OnDone {
+    const FIELD: &'static str = "on_done.on_done";
+
+    fn from_args(args: &PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args) -> Option<OnDone> {
+        Some(OnDone {
+            callback: args.on_done.on_done?,
+            user_arg: args.on_done.user_arg as usize,
+        })
+    }
+
+    /// A failure before any send was enqueued.
+    fn report(self, status: Status) {
+        self.call(Err(status), false);
+    }
 }
 
 impl OnDone {
@@ -433,16 +445,14 @@ impl DescriptorSlot {
         // SAFETY: the caller promised both pointers are readable once the
         // event is ready (or at once without an event).
         let bytes = unsafe {
-            let data = *data_ptr;
-            let size = *size_ptr;
-            if data.is_null() && size > 0 {
-                Err(null_field(COPY, "*serialized_descriptor"))
-            } else if size == 0 {
-                Ok(Vec::new())
-            } else {
-                Ok(std::slice::from_raw_parts(data as *const u8, size).to_vec())
-            }
-        };
+            array(
+                *data_ptr as *const u8,
+                *size_ptr,
+                COPY,
+                "*serialized_descriptor",
+            )
+        }
+        .map(<[u8]>::to_vec);
         match self.destructor {
             // SAFETY: the caller's destructor for exactly these pointers.
             Some(destroy) => unsafe { destroy(data_ptr, size_ptr) },
@@ -453,55 +463,24 @@ impl DescriptorSlot {
     }
 }
 
-pub(crate) unsafe extern "C" fn copy_to_remote_device(
-    raw: *mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
-) {
-    let result = std::panic::catch_unwind(|| {
-        if raw.is_null() {
-            log::error!("{COPY}: args is null; no on_done to report to");
-            return;
-        }
-        let required = crate::struct_size_through!(
-            PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
-            on_done
-        );
-        // SAFETY: PJRT contract: a readable args struct.
-        let args = match unsafe { super::boundary::checked_args(raw, COPY, required) } {
-            Ok(args) => args,
-            Err(status) => {
-                log::error!(
-                    "{status}; on_done is outside the caller's struct, nothing to report to"
-                );
-                return;
-            }
-        };
-        let Some(callback) = args.on_done.on_done else {
-            log::error!("{COPY}: on_done.on_done is null; nothing to report to");
-            return;
-        };
-        let on_done = OnDone {
-            callback,
-            user_arg: args.on_done.user_arg as usize,
-        };
-        if let Err(status) = start_copy_to_remote(args) {
-            on_done.call(Err(status), false);
-        }
-    });
-    if let Err(panic) = result {
-        log::error!(
-            "{COPY}: internal panic caught at the C boundary: {}",
-            panic_message(&panic)
-        );
-    }
-}
+crate::callback_entry!(
+    /// v1 send: `buffer` (ours or the compute plugin's) to the receive buffer
+    /// its serialized descriptor names. The descriptor is read at once when
+    /// `event` is null, else once `event` is ready (the caller sets it after
+    /// writing the descriptor); its two pointers are then released through
+    /// `descriptor_destructor` (v6) or C++ `delete` (v5 callers). The caller
+    /// gives up `event`: we destroy it once ready. The outcome goes once to
+    /// `on_done(error, sends_were_enqueued, user_arg)`, which owns the error;
+    /// an event never set ends in DEADLINE_EXCEEDED after the client's send
+    /// timeout instead of never.
+    copy_to_remote_device = "PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice", PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args through on_done, |args, on_done: OnDone| {
+    start_copy_to_remote(args, on_done)
+});
 
 fn start_copy_to_remote(
     args: &mut PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
+    on_done: OnDone,
 ) -> Result<()> {
-    let on_done = OnDone {
-        callback: args.on_done.on_done.expect("checked by caller"),
-        user_arg: args.on_done.user_arg as usize,
-    };
     // The event is ours from here on, whatever happens next. The caller may
     // still `PJRT_Event_Set` it (JAX's v1 path does, once the descriptor
     // arrived), so the handle lives until the event is ready and is
@@ -510,7 +489,7 @@ fn start_copy_to_remote(
         None
     } else {
         // SAFETY: the caller transfers ownership of a live event.
-        let event = unsafe { try_borrow::<EventHandle>(args.event, COPY, "event") }?;
+        let event = unsafe { event_arg(args.event, COPY) }?;
         let future = event.future.clone();
         let owned = OwnedEvent(args.event as usize);
         future.on_ready(move |_| owned.destroy());
@@ -570,9 +549,7 @@ fn embedded_owner(
     _buffer: &Arc<crate::api::buffer::Buffer>,
 ) -> Result<Arc<Client>> {
     // SAFETY: `source_buffer` just established that `raw` is our live buffer.
-    Ok(unsafe { try_borrow::<BufferHandle>(raw, COPY, "buffer") }?
-        .client
-        .clone())
+    Ok(unsafe { buffer_arg(raw, COPY, "buffer") }?.client.clone())
 }
 
 /// The delegating client whose compute plugin made `buffer`.

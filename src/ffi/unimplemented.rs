@@ -3,6 +3,7 @@
 #![allow(non_snake_case)]
 
 use super::bindings::*;
+use super::boundary::or_on_panic;
 use super::errors::error_into_raw;
 use crate::status::unimplemented;
 
@@ -23,11 +24,11 @@ pub(crate) fn unimplemented_error(function: &str) -> *mut PJRT_Error {
 
 macro_rules! define_unimplemented {
     ($name:ident, $args:ident) => {
+        /// UNIMPLEMENTED naming the function; the caller owns the error.
         pub(crate) unsafe extern "C" fn $name(_args: *mut $args) -> *mut PJRT_Error {
-            match std::panic::catch_unwind(|| unimplemented_error(stringify!($name))) {
-                Ok(error) => error,
-                Err(_) => std::ptr::null_mut(),
-            }
+            or_on_panic(std::ptr::null_mut(), || {
+                unimplemented_error(stringify!($name))
+            })
         }
     };
 }

@@ -4,17 +4,26 @@
 //! by the compute plugin's own for the call (and restored after), device ids
 //! in compile options mapped to its numbering, and device assignments mapped
 //! back to ours.
+//!
+//! The contract of each entry here: an embedded client's (or device's) is
+//! our entry's, UNIMPLEMENTED where we have none; a delegating client's is
+//! the compute plugin's function, with its outputs (buffers, executables,
+//! events, topologies) owned by the caller as that function says, its
+//! device outputs mapped to ours and its error converted to ours.
+//! INVALID_ARGUMENT for a null or dead client or device.
 #![allow(non_snake_case)]
 
 use std::ptr::addr_of_mut;
 use std::sync::Arc;
 
-use super::{args, delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
+use super::{delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
 use crate::api::device_ids::{map_compile_options, DeviceIdMap};
 use crate::api::element_type::ElementType;
 use crate::backend::compute_plugin::ComputeClient;
+use crate::ffi::args::{array, device_arg, null_field};
 use crate::ffi::bindings::*;
-use crate::ffi::handles::{try_borrow, ClientHandle, DeviceHandle};
+use crate::ffi::boundary::checked_args;
+use crate::ffi::handles::ClientHandle;
 use crate::ffi::{client, device, unimplemented};
 use crate::status::{invalid_argument, Result};
 
@@ -33,8 +42,8 @@ unsafe fn client_slot<T>(
     forward: impl FnOnce(&ClientHandle, &Arc<ComputeClient>) -> Result<()>,
 ) -> *mut PJRT_Error {
     run_dispatch(name, || {
-        // SAFETY: the PJRT contract; `args` rejects null and short structs.
-        unsafe { args(raw, name, required) }?;
+        // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+        unsafe { checked_args(raw, name, required) }?;
         let field = client_field(raw);
         // SAFETY: a field the caller's struct covers (checked above).
         let (handle, compute) = unsafe { delegating(field.read(), name) }?;
@@ -107,14 +116,11 @@ unsafe fn compile_options_for_inner(
     let Some(map) = id_map(handle) else {
         return Ok(None);
     };
-    if size == 0 {
+    // SAFETY: forwarded contract.
+    let bytes = unsafe { array(options as *const u8, size, name, "compile_options") }?;
+    if bytes.is_empty() {
         return Ok(None);
     }
-    if options.is_null() {
-        return Err(invalid_argument(format!("{name}: compile_options is null")));
-    }
-    // SAFETY: forwarded contract.
-    let bytes = unsafe { std::slice::from_raw_parts(options as *const u8, size) };
     map_compile_options(bytes, &|id| map.to_inner(id))
         .map(Some)
         .map_err(|e| invalid_argument(format!("{name}: {}", e.message)))
@@ -232,7 +238,7 @@ pub(crate) unsafe extern "C" fn PJRT_Client_BufferFromHostBuffer(
                 )
             });
         if (*raw).num_dims > 0 && (*raw).dims.is_null() {
-            return Err(invalid_argument(format!("{F}: dims is null")));
+            return Err(null_field(F, "dims"));
         }
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
@@ -578,8 +584,8 @@ pub(crate) unsafe extern "C" fn PJRT_Compile(raw: *mut PJRT_Compile_Args) -> *mu
     const F: &str = "PJRT_Compile";
     run_dispatch(F, || {
         let required = crate::struct_size_through!(PJRT_Compile_Args, executable);
-        // SAFETY: the PJRT contract; `args` rejects null and short structs.
-        let topology = unsafe { args(raw, F, required) }?.topology;
+        // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+        let topology = unsafe { checked_args(raw, F, required) }?.topology;
         // SAFETY: the topology is the compute plugin's (we make none).
         let Some(plugin) = (unsafe { super::foreign_only(topology.cast(), F, "topology") })? else {
             // SAFETY: the UNIMPLEMENTED entry, with the caller's args.
@@ -619,11 +625,11 @@ unsafe fn device_slot<T>(
     forward: impl FnOnce(&Arc<crate::backend::compute_plugin::ComputePlugin>) -> Result<()>,
 ) -> *mut PJRT_Error {
     run_dispatch(name, || {
-        // SAFETY: the PJRT contract; `args` rejects null and short structs.
-        unsafe { args(raw, name, required) }?;
+        // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+        unsafe { checked_args(raw, name, required) }?;
         let field = device_field(raw);
         // SAFETY: a field the caller's struct covers (checked above).
-        let device = unsafe { try_borrow::<DeviceHandle>(field.read(), name, "device") }?;
+        let device = unsafe { device_arg(field.read(), name, "device") }?;
         let (Some(inner), Some(plugin)) = (
             device.compute_device(),
             crate::backend::compute_plugin::loaded(),

@@ -17,9 +17,11 @@ use once_cell::sync::OnceCell;
 
 use super::{inner_device, run_dispatch, substitute, Dispatch};
 use crate::backend::compute_plugin::ComputePlugin;
+use crate::ffi::args::client_arg;
 use crate::ffi::bindings::*;
-use crate::ffi::handles::{route, try_borrow, ClientHandle, DescriptionHandle, Route};
-use crate::status::{invalid_argument, unimplemented, Result};
+use crate::ffi::boundary::checked_args;
+use crate::ffi::handles::{route, DescriptionHandle, Route};
+use crate::status::unimplemented;
 
 type Entry = unsafe extern "C" fn(*mut c_void) -> *mut PJRT_Error;
 
@@ -52,32 +54,18 @@ struct StreamArgs {
     device: *mut PJRT_Device,
 }
 
-fn check_size(struct_size: usize, needed: usize, name: &str) -> Result<()> {
-    if struct_size < needed {
-        return Err(invalid_argument(format!(
-            "{name}: args struct_size {struct_size} is smaller than the {needed} bytes this function needs"
-        )));
-    }
-    Ok(())
-}
-
+/// Layouts extension, client default layout: our client swapped for the
+/// compute plugin's, then its function. UNIMPLEMENTED for an embedded
+/// client (dense row-major only).
 unsafe extern "C" fn layouts_client_default_layout(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_Layouts_PJRT_Client_GetDefaultLayout";
     run_dispatch(F, || {
         let args = raw as *mut ClientFirstArgs;
-        if args.is_null() {
-            return Err(invalid_argument(format!("{F}: args is null")));
-        }
-        // SAFETY: a caller's args struct begins with these fields (checked size).
-        unsafe {
-            check_size(
-                (*args).struct_size,
-                std::mem::size_of::<ClientFirstArgs>(),
-                F,
-            )
-        }?;
+        // SAFETY: a caller's args struct begins with these fields;
+        // `checked_args` rejects null and a struct_size that does not cover them.
+        unsafe { checked_args(args, F, std::mem::size_of::<ClientFirstArgs>()) }?;
         // SAFETY: as above; a live client per the contract.
-        let client = unsafe { try_borrow::<ClientHandle>((*args).client, F, "client") }?;
+        let client = unsafe { client_arg((*args).client, F) }?;
         let compute = client.client.compute().cloned().ok_or_else(|| {
             unimplemented(format!(
                 "{F}: an embedded crosshost client has only dense row-major layouts"
@@ -92,21 +80,16 @@ unsafe extern "C" fn layouts_client_default_layout(raw: *mut c_void) -> *mut PJR
     })
 }
 
+/// MemoryDescriptions extension: a description of ours is swapped for the
+/// compute plugin's, a topology's goes as it is. UNIMPLEMENTED for an
+/// embedded device.
 unsafe extern "C" fn memory_descriptions(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_DeviceDescription_MemoryDescriptions";
     run_dispatch(F, || {
         let args = raw as *mut DescriptionFirstArgs;
-        if args.is_null() {
-            return Err(invalid_argument(format!("{F}: args is null")));
-        }
-        // SAFETY: a caller's args struct begins with these fields (checked size).
-        unsafe {
-            check_size(
-                (*args).struct_size,
-                std::mem::size_of::<DescriptionFirstArgs>(),
-                F,
-            )
-        }?;
+        // SAFETY: a caller's args struct begins with these fields;
+        // `checked_args` rejects null and a struct_size that does not cover them.
+        unsafe { checked_args(args, F, std::mem::size_of::<DescriptionFirstArgs>()) }?;
         // SAFETY: as above; a live description (ours or a topology's).
         let whose = unsafe {
             route::<DescriptionHandle>((*args).device_description, F, "device_description")
@@ -135,15 +118,15 @@ unsafe extern "C" fn memory_descriptions(raw: *mut c_void) -> *mut PJRT_Error {
     })
 }
 
+/// Stream extension, stream of a device: our device swapped for the
+/// compute plugin's. UNIMPLEMENTED without a compute plugin.
 unsafe extern "C" fn stream_for_device(raw: *mut c_void) -> *mut PJRT_Error {
     const F: &str = "PJRT_Get_Stream_For_External_Ready_Events";
     run_dispatch(F, || {
         let args = raw as *mut StreamArgs;
-        if args.is_null() {
-            return Err(invalid_argument(format!("{F}: args is null")));
-        }
-        // SAFETY: a caller's args struct begins with these fields (checked size).
-        unsafe { check_size((*args).struct_size, std::mem::size_of::<StreamArgs>(), F) }?;
+        // SAFETY: a caller's args struct begins with these fields;
+        // `checked_args` rejects null and a struct_size that does not cover them.
+        unsafe { checked_args(args, F, std::mem::size_of::<StreamArgs>()) }?;
         // SAFETY: as above; a live device per the contract.
         let inner = unsafe { inner_device((*args).device, F, "device") }?;
         let plugin = crate::backend::compute_plugin::loaded()

@@ -22,16 +22,12 @@ pub(crate) mod routed;
 pub mod table;
 pub(crate) mod translated;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use super::args::{client_arg, device_arg, memory_arg, null_field};
 use super::bindings::*;
-use super::boundary::{checked_args, panic_message};
-use super::errors::error_into_raw;
-use super::handles::{
-    device_of_compute, is_ours, memory_of_compute, try_borrow, ClientHandle, DeviceHandle,
-    MemoryHandle,
-};
+use super::boundary::catch_entry;
+use super::handles::{device_of_compute, is_ours, memory_of_compute, ClientHandle};
 use crate::backend::compute_plugin::{self, ComputeClient, ComputePlugin};
 use crate::status::{internal, invalid_argument, Result};
 
@@ -44,24 +40,18 @@ pub(crate) enum Dispatch {
 }
 
 /// Runs a routing entry: `Ours` returns our entry's result, `Forwarded`
-/// success, `Err` our error; a panic becomes INTERNAL naming the function.
+/// success, `Err` our error; a panic becomes INTERNAL naming the function
+/// (the boundary of `pjrt_entry!`, `boundary::catch_entry`).
 pub(crate) fn run_dispatch(
     name: &'static str,
     body: impl FnOnce() -> Result<Dispatch>,
 ) -> *mut PJRT_Error {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(Dispatch::Ours(error))) => error,
-        Ok(Ok(Dispatch::Forwarded)) => std::ptr::null_mut(),
-        Ok(Err(status)) => {
-            log::debug!("{name} failed: {status}");
-            error_into_raw(status)
-        }
-        Err(panic) => {
-            let what = panic_message(&panic);
-            log::error!("{name}: internal panic caught at the C boundary: {what}");
-            error_into_raw(internal(format!("{name}: internal error (panic: {what})")))
-        }
-    }
+    catch_entry(name, module_path!(), || {
+        body().map(|dispatch| match dispatch {
+            Dispatch::Ours(error) => error,
+            Dispatch::Forwarded => std::ptr::null_mut(),
+        })
+    })
 }
 
 /// Puts a field of the caller's args back when dropped.
@@ -102,7 +92,7 @@ pub(crate) unsafe fn foreign_only(
     field: &str,
 ) -> Result<Option<Arc<ComputePlugin>>> {
     if handle.is_null() {
-        return Err(invalid_argument(format!("{function}: {field} is null")));
+        return Err(null_field(function, field));
     }
     // SAFETY: forwarded contract.
     if unsafe { is_ours(handle) } {
@@ -123,7 +113,7 @@ pub(crate) unsafe fn delegating<'a>(
     function: &str,
 ) -> Result<(&'a ClientHandle, Option<Arc<ComputeClient>>)> {
     // SAFETY: forwarded contract.
-    let handle = unsafe { try_borrow::<ClientHandle>(client, function, "client") }?;
+    let handle = unsafe { client_arg(client, function) }?;
     Ok((handle, handle.client.compute().cloned()))
 }
 
@@ -140,7 +130,7 @@ pub(crate) unsafe fn inner_device(
         return Ok(device);
     }
     // SAFETY: forwarded contract.
-    let ours = unsafe { try_borrow::<DeviceHandle>(device, function, field) }?;
+    let ours = unsafe { device_arg(device, function, field) }?;
     ours.compute_device().ok_or_else(|| {
         invalid_argument(format!(
             "{function}: {field} (device {}) is not addressable by this process's compute plugin",
@@ -162,7 +152,7 @@ pub(crate) unsafe fn inner_memory(
         return Ok(memory);
     }
     // SAFETY: forwarded contract.
-    let ours = unsafe { try_borrow::<MemoryHandle>(memory, function, field) }?;
+    let ours = unsafe { memory_arg(memory, function, field) }?;
     ours.compute_memory().ok_or_else(|| {
         invalid_argument(format!(
             "{function}: {field} (memory {}) is not one of the compute plugin's",
@@ -213,18 +203,4 @@ pub(crate) unsafe fn require_compute_buffer(
         )));
     }
     Ok(())
-}
-
-/// Checks the args of a forwarded call: non-null, `struct_size` covering
-/// `required` bytes.
-///
-/// # Safety
-/// As `checked_args`.
-pub(crate) unsafe fn args<'a, T>(
-    raw: *mut T,
-    function: &str,
-    required: usize,
-) -> Result<&'a mut T> {
-    // SAFETY: forwarded contract.
-    unsafe { checked_args(raw, function, required) }
 }

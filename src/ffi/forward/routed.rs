@@ -5,21 +5,25 @@
 //! take no handle and forward whenever a compute plugin is loaded.
 #![allow(non_snake_case)]
 
-use super::{args, foreign_only, run_dispatch, Dispatch};
+use super::{foreign_only, run_dispatch, Dispatch};
 use crate::backend::compute_plugin;
 use crate::ffi::bindings::*;
+use crate::ffi::boundary::checked_args;
 use crate::ffi::handles::{route, BufferHandle, Castable, DescriptionHandle, EventHandle, Route};
 use crate::ffi::{buffer, device, events, unimplemented};
 
 macro_rules! routed_entry {
     ($slot:ident, $args:ident, $field:ident, ours $H:ty => $ours:path) => {
-        /// Routed by its handle argument (see the module doc).
+        /// Routed by its handle argument (see the module doc): our handle →
+        /// our entry's contract; the compute plugin's → its function's, its
+        /// error converted to ours. INVALID_ARGUMENT for a null, destroyed or
+        /// mistyped handle (null is allowed for `_Destroy`).
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args(raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args(raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -43,13 +47,16 @@ macro_rules! routed_entry {
         }
     };
     ($slot:ident, $args:ident, $field:ident, foreign) => {
-        /// The compute plugin's handle type (see the module doc).
+        /// The compute plugin's handle type (see the module doc): its
+        /// function's contract, its error converted to ours; UNIMPLEMENTED
+        /// without a compute plugin, INVALID_ARGUMENT for a null handle (but
+        /// `_Destroy`) or one of ours.
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args(raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args(raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -66,12 +73,13 @@ macro_rules! routed_entry {
         }
     };
     ($slot:ident, $args:ident, none) => {
-        /// Takes no handle: forwarded when a compute plugin is loaded.
+        /// Takes no handle: the compute plugin's function (its contract, its
+        /// error converted to ours) when one is loaded, else UNIMPLEMENTED.
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                unsafe { args(raw, NAME, std::mem::size_of::<usize>()) }?;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                unsafe { checked_args(raw, NAME, std::mem::size_of::<usize>()) }?;
                 match compute_plugin::loaded() {
                     // SAFETY: the UNIMPLEMENTED entry, with the caller's args.
                     None => Ok(Dispatch::Ours(unsafe { unimplemented::$slot(raw) })),

@@ -139,8 +139,8 @@ mod tests {
         macro_rules! not_generic {
             ($name:ident, $args:ident) => {
                 assert!(
-                    api.$name.map(|f| f as usize)
-                        != Some(crate::ffi::unimplemented::$name as usize),
+                    api.$name.map(|f| f as *const () as usize)
+                        != Some(crate::ffi::unimplemented::$name as *const () as usize),
                     "{} is still the generic UNIMPLEMENTED entry",
                     stringify!($name)
                 );

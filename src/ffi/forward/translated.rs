@@ -13,29 +13,32 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::{
-    args, foreign_only, inner_device, inner_memory, our_device, our_memory, require_compute_buffer,
+    foreign_only, inner_device, inner_memory, our_device, our_memory, require_compute_buffer,
     run_dispatch, substitute, Dispatch,
 };
 use crate::api::device_ids::{map_compile_options, map_device_assignment, DeviceIdMap};
 use crate::backend::compute_plugin::{self, take_inner_error, ComputePlugin, InnerPtr};
+use crate::ffi::args::null_field;
 use crate::ffi::bindings::*;
+use crate::ffi::boundary::checked_args;
 use crate::ffi::errors::error_into_raw;
 use crate::ffi::handles::{route, BufferHandle, Castable, EventHandle, Route};
 use crate::ffi::{buffer, events, unimplemented};
-use crate::status::{invalid_argument, Result};
+use crate::status::Result;
 
 /// Routes on an event/buffer field like `routed.rs`, then runs `forward`
 /// for the compute plugin's handle.
 macro_rules! routed_with {
     ($slot:ident, $args:ident . $field:ident : $H:ty => $ours:path, |$raw:ident, $plugin:ident| $forward:block) => {
-        /// Routed by its handle argument; see the module doc for what is
-        /// translated.
+        /// Routed by its handle argument, as in `routed.rs` (our entry's
+        /// contract, or the compute plugin's function with its error
+        /// converted to ours); the module doc says what is translated.
         pub(crate) unsafe extern "C" fn $slot($raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args($raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args($raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -62,14 +65,15 @@ macro_rules! routed_with {
 /// As `routed_with!` for handle types that are always the compute plugin's.
 macro_rules! foreign_with {
     ($slot:ident, $args:ident . $field:ident, |$raw:ident, $plugin:ident| $forward:block) => {
-        /// The compute plugin's handle type; see the module doc for what is
-        /// translated.
+        /// The compute plugin's handle type, as in `routed.rs` (its
+        /// function's contract, its error converted to ours; UNIMPLEMENTED
+        /// without a compute plugin); the module doc says what is translated.
         pub(crate) unsafe extern "C" fn $slot($raw: *mut $args) -> *mut PJRT_Error {
             const NAME: &str = stringify!($slot);
             run_dispatch(NAME, || {
                 let required = crate::struct_size_through!($args, $field);
-                // SAFETY: the PJRT contract; `args` rejects null and short structs.
-                let handle = unsafe { args($raw, NAME, required) }?.$field;
+                // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
+                let handle = unsafe { checked_args($raw, NAME, required) }?.$field;
                 if handle.is_null() && NAME.ends_with("_Destroy") {
                     return Ok(Dispatch::Forwarded); // destroying nullptr is allowed
                 }
@@ -96,6 +100,8 @@ struct ForwardedOnReady {
     user_arg: usize,
 }
 
+/// The callback we register with the compute plugin for its event: converts
+/// its error to ours and calls the caller's callback with it, once.
 unsafe extern "C" fn forwarded_on_ready(error: *mut PJRT_Error, user_arg: *mut c_void) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the box `PJRT_Event_OnReady` leaked for this one callback.
@@ -110,9 +116,9 @@ unsafe extern "C" fn forwarded_on_ready(error: *mut PJRT_Error, user_arg: *mut c
 }
 
 routed_with!(PJRT_Event_OnReady, PJRT_Event_OnReady_Args.event: EventHandle => events::event_on_ready, |raw, plugin| {
-    // SAFETY: fields the caller's struct covers (`args` checked the size).
+    // SAFETY: fields the caller's struct covers (`checked_args` checked the size).
     let callback = unsafe { (*raw).callback }
-        .ok_or_else(|| invalid_argument("PJRT_Event_OnReady: callback is null"))?;
+        .ok_or_else(|| null_field("PJRT_Event_OnReady", "callback"))?;
     let state = Box::into_raw(Box::new(ForwardedOnReady {
         plugin: plugin.clone(),
         callback,
@@ -154,7 +160,7 @@ routed_with!(PJRT_Buffer_CopyToDevice, PJRT_Buffer_CopyToDevice_Args.buffer: Buf
     let _device = unsafe {
         let inner = inner_device((*raw).dst_device, F, "dst_device")?;
         if inner.is_null() {
-            return Err(invalid_argument(format!("{F}: dst_device is null")));
+            return Err(null_field(F, "dst_device"));
         }
         substitute(addr_of_mut!((*raw).dst_device), inner)
     };
@@ -167,7 +173,7 @@ routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: Buf
     let _memory = unsafe {
         let inner = inner_memory((*raw).dst_memory, F, "dst_memory")?;
         if inner.is_null() {
-            return Err(invalid_argument(format!("{F}: dst_memory is null")));
+            return Err(null_field(F, "dst_memory"));
         }
         substitute(addr_of_mut!((*raw).dst_memory), inner)
     };
@@ -307,11 +313,13 @@ fn process_id_map() -> Option<DeviceIdMap> {
 /// Serialized bytes we rewrote, handed out with our deleter.
 struct Rewritten(Vec<u8>);
 
+/// Deleter of a device assignment we rewrote.
 unsafe extern "C" fn free_rewritten_assignment(backing: *mut PJRT_DeviceAssignmentSerialized) {
     // SAFETY: made by Box::into_raw of a `Rewritten` below.
     drop(unsafe { Box::from_raw(backing as *mut Rewritten) });
 }
 
+/// Deleter of compile options we rewrote.
 unsafe extern "C" fn free_rewritten_options(backing: *mut PJRT_SerializedCompileOptions) {
     // SAFETY: made by Box::into_raw of a `Rewritten` below.
     drop(unsafe { Box::from_raw(backing as *mut Rewritten) });
