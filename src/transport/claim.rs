@@ -63,7 +63,7 @@ impl ClaimRange {
     /// slot is never 0, bit 63 left for CLAIMED.
     fn armed(&self) -> Result<u64> {
         let page = self.offset / CLAIM_PAGE as u64;
-        if self.offset % CLAIM_PAGE as u64 != 0
+        if !self.offset.is_multiple_of(CLAIM_PAGE as u64)
             || page >= 1 << PAGE_BITS
             || self.len >= 1 << LEN_BITS
         {

@@ -82,7 +82,8 @@ pub(crate) unsafe fn substitute<T: Copy>(slot: *mut T, value: T) -> Restore<T> {
 }
 
 /// The compute plugin's handle of a routable type: whose is it? `Ok(None)`:
-/// ours (`ours` decides), `Ok(Some(plugin))`: forward.
+/// ours (`ours` decides; always, when no compute plugin is loaded),
+/// `Ok(Some(plugin))`: forward.
 ///
 /// # Safety
 /// `handle` must be null or a readable handle-shaped object.
@@ -91,6 +92,11 @@ pub(crate) unsafe fn foreign_only(
     function: &str,
     field: &str,
 ) -> Result<Option<Arc<ComputePlugin>>> {
+    // Without a compute plugin no such handle exists: the UNIMPLEMENTED
+    // entry answers, whatever the argument holds.
+    let Some(plugin) = compute_plugin::loaded() else {
+        return Ok(None);
+    };
     if handle.is_null() {
         return Err(null_field(function, field));
     }
@@ -100,7 +106,7 @@ pub(crate) unsafe fn foreign_only(
             "{function}: {field} is a handle of another type, or destroyed"
         )));
     }
-    Ok(compute_plugin::loaded())
+    Ok(Some(plugin))
 }
 
 /// A client argument: `None` for an embedded client (our entry answers),
