@@ -203,6 +203,18 @@ void pjrt_crosshost_free_string(char* s);
  * PJRT_Client*). Free with pjrt_crosshost_free_string. */
 char* pjrt_crosshost_live_clients_metrics_json(void);
 
+/* Registers a process-wide KV delete for clients whose PJRT_Client_Create
+ * args carry no PJRT_CrossHost_KvDeleteExtension (JAX cannot attach one;
+ * jax_plugins.crosshost registers a delete through JAX's distributed
+ * client). It is called with user_arg in its args, on the plugin's own
+ * delete workers, after the buffer's outcome is published; deleting an
+ * absent key must not be an error. NULL unregisters: no new call starts,
+ * and it returns once the calls in flight returned (0), or after 5 s with
+ * calls still in flight (1). A process forked after registering never
+ * calls it. Returns -1 on an internal error. */
+int pjrt_crosshost_set_kv_delete(PJRT_CrossHost_KeyValueDeleteCallback callback,
+                                 void* user_arg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,11 +19,15 @@ keys (completion receipt + descriptor) over control links between the two
 processes (kv/peer.rs), where they are really deleted: the receiver reports
 keys_deleted = keys_created = 2 x buffers received, and the workers list JAX's
 store (key_value_dir_get_bytes) to show that no transfer key is in it. With
-kv_store=callbacks every key goes through JAX's store, which cannot delete:
-each buffer leaves its two keys there (retained_keys = 2 x buffers), and the
-epoch and per-buffer nonces keep those from ever completing a later buffer:
-stale_receipts_rejected and timeouts stay 0 and the second round's bytes are
-the second round's.
+kv_store=callbacks every key goes through JAX's store, which the PJRT C API
+gives no delete: the package registers one (pjrt_crosshost_set_kv_delete,
+calling JAX's key_value_delete), so those keys are deleted too; without it
+(PJRT_CROSSHOST_JAX_KV_DELETE=0) each buffer leaves its two keys there
+(retained_keys = 2 x buffers), and the epoch and per-buffer nonces keep those
+from ever completing a later buffer. The delete route's hazards (the GIL, a
+failing delete, a hanging one) have a test each (jax_kv_delete_worker.py),
+and a job of 1,000 transfers ends with transfers in flight at exit
+(jax_thousand_worker.py).
 
 Known JAX 0.10.2 limitation (test_mixed_source_batch_never_delivers_wrong_data):
 in one device_put batch whose arrays come from several source devices, JAX
@@ -58,6 +62,8 @@ pytestmark = skip_unless_jax()
 
 WORKER = HERE / "jax_two_process_worker.py"
 COMPUTE_WORKER = HERE / "jax_compute_worker.py"
+THOUSAND_WORKER = HERE / "jax_thousand_worker.py"
+DELETE_WORKER = HERE / "jax_kv_delete_worker.py"
 MODES = [None, "fastatomstruct"]
 TIMEOUT_S = 180
 KEYS_PER_RECEIVED_BUFFER = 2  # completion receipt + descriptor (v2)
@@ -164,23 +170,37 @@ def test_cross_process_device_put_over_tcp(tmp_path, compute):
     assert receiver["metrics"]["stale_receipts_rejected"] == 0
 
 
-def test_with_kv_store_callbacks_the_keys_stay_in_jax_store_and_never_complete_a_later_buffer(
-    tmp_path,
+@pytest.mark.parametrize("route", ["jax_delete", "no_delete"])
+def test_with_kv_store_callbacks_keys_in_jax_store_are_deleted_through_jax_or_never_complete_a_later_buffer(
+    tmp_path, route
 ):
-    # Every key through JAX's store, which cannot delete: each buffer's two
-    # keys stay, and the second round still gets the second round's bytes.
-    sender, receiver = run_job(tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": "kv_store=callbacks"})
+    # Every key through JAX's store. With the package's delete route
+    # (default) each key is deleted through JAX's distributed client once the
+    # buffer's outcome is published: none is left in JAX's store. Without it
+    # (PJRT_CROSSHOST_JAX_KV_DELETE=0, a runtime that gives no delete) each
+    # buffer leaves its two keys, and the second round still gets the second
+    # round's bytes.
+    env = {"PJRT_CROSSHOST_CREATE_OPTIONS": "kv_store=callbacks"}
+    if route == "no_delete":
+        env["PJRT_CROSSHOST_JAX_KV_DELETE"] = "0"
+    sender, receiver = run_job(tmp_path, env)
     n = receiver["num_transfers"]
     bad = [c for c in receiver["checks"] if not all(v for k, v in c.items() if k.endswith("_ok"))]
     assert not bad and len(receiver["checks"]) == n, bad
     r = receiver["metrics"]
     assert r["keys_created"] == KEYS_PER_RECEIVED_BUFFER * n, r
-    assert r["retained_keys"] == r["keys_created"] and r["keys_deleted"] == 0, r
-    assert r["keys_outstanding"] == r["retained_keys"], r
     assert r["stale_receipts_rejected"] == 0 and r["timeouts"] == 0, r
-    # The listing the default-store test relies on does see them.
-    assert len(receiver["jax_store_transfer_keys"]) == r["keys_created"], (
-        len(receiver["jax_store_transfer_keys"]), r)
+    assert r["delete_failures"] == 0, r
+    left = receiver["jax_store_transfer_keys"]
+    if route == "jax_delete":
+        assert r["keys_deleted"] == r["keys_created"] and r["retained_keys"] == 0, r
+        assert r["keys_outstanding"] == 0, r
+        assert left == [] and sender["jax_store_transfer_keys"] == [], left[:5]
+    else:
+        assert r["retained_keys"] == r["keys_created"] and r["keys_deleted"] == 0, r
+        assert r["keys_outstanding"] == r["retained_keys"], r
+        # The listing the other tests rely on does see them.
+        assert len(left) == r["keys_created"], (len(left), r)
 
 
 def test_mixed_source_batch_never_delivers_wrong_data(tmp_path):
@@ -198,6 +218,75 @@ def test_mixed_source_batch_never_delivers_wrong_data(tmp_path):
     assert m["timeouts"] == len(failed) and m["stale_receipts_rejected"] == 0, m
     assert m["keys_created"] == KEYS_PER_RECEIVED_BUFFER * 6, m
     assert m["keys_outstanding"] == m["retained_keys"], m
+
+
+@pytest.mark.parametrize("store", ["peer", "callbacks"])
+def test_1000_mixed_size_device_puts_leave_no_key_in_jax_store_and_exit_cleanly_in_flight(
+    tmp_path, store
+):
+    # 1,000 arrays of 16 B to 1 MiB, every byte checked; the keys go to the
+    # peer store (default) or through JAX's store with the package's delete
+    # route (kv_store=callbacks). Either way none is left in JAX's store and
+    # every key created was deleted. Then both processes exit with 16 more
+    # transfers in flight: exit code 0 (run_job), no crash, no hang.
+    env = {"PJRT_CROSSHOST_CREATE_OPTIONS": "kv_store=callbacks"} if store == "callbacks" else {}
+    sender, receiver = run_job(tmp_path, env, worker=THOUSAND_WORKER)
+    assert receiver["transfers"] == 1000 and receiver["checks"] == 1000, receiver
+    assert not receiver["bad"], receiver["bad"][:5]
+    total = receiver["total_bytes"]
+    assert sender["total_bytes"] == total > 100_000_000
+    s, r = sender["metrics"], receiver["metrics"]
+    assert s["bytes_sent"] == total and r["bytes_received"] == total, (s, r)
+    assert r["keys_created"] == KEYS_PER_RECEIVED_BUFFER * 1000, r
+    assert r["keys_deleted"] == r["keys_created"] and r["retained_keys"] == 0, r
+    assert r["keys_outstanding"] == 0 and r["delete_failures"] == 0, r
+    for m in (s, r):
+        assert m["timeouts"] == 0 and m["stale_receipts_rejected"] == 0, m
+    for side in (sender, receiver):
+        assert side["jax_store_transfer_keys"] == [], side["jax_store_transfer_keys"][:5]
+    for p in (0, 1):
+        log = (tmp_path / f"log{p}.txt").read_text()
+        assert "exiting with transfers in flight" in log, log[-3000:]
+        for fatal in ("Segmentation fault", "Fatal Python error", "panicked", "core dumped"):
+            assert fatal not in log, log[-3000:]
+
+
+def _delete_route_job(tmp_path, mode, options="kv_store=callbacks"):
+    _, receiver = run_job(
+        tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": options}, worker=DELETE_WORKER, args=[mode]
+    )
+    assert not receiver["bad"] and receiver["transfers"] == 4, receiver
+    return receiver
+
+
+def test_the_jax_delete_route_never_makes_readiness_wait_for_the_gil(tmp_path):
+    # The receiver holds the GIL while the sender sends: every byte arrives
+    # and is counted (readiness needs no Python); no delete has run yet (they
+    # need the GIL, and come after readiness). Then all of them do.
+    receiver = _delete_route_job(tmp_path, "gil")
+    held = receiver["while_gil_held"]
+    assert held["bytes_received"] == receiver["total_bytes"], held
+    assert held["keys_deleted"] == 0, held
+    r = receiver["metrics"]
+    assert r["keys_deleted"] == r["keys_created"] == 2 * 4 and r["delete_failures"] == 0, r
+    assert receiver["jax_store_transfer_keys"] == [], receiver["jax_store_transfer_keys"]
+
+
+def test_the_jax_delete_route_failing_is_counted_and_the_buffers_stand(tmp_path):
+    receiver = _delete_route_job(tmp_path, "failing")
+    r = receiver["metrics"]
+    assert receiver["delete_calls"] == r["keys_created"] == 2 * 4, (receiver["delete_calls"], r)
+    assert r["delete_failures"] == r["keys_created"] and r["keys_deleted"] == 0, r
+    assert r["timeouts"] == 0 and r["bytes_received"] == receiver["total_bytes"], r
+    # The failed deletes left their keys where they were.
+    assert len(receiver["jax_store_transfer_keys"]) == r["keys_created"], receiver
+
+
+def test_the_jax_delete_route_hanging_is_bounded_by_kv_call_timeout(tmp_path):
+    receiver = _delete_route_job(tmp_path, "hanging", "kv_store=callbacks,kv_call_timeout_ms=500")
+    r = receiver["metrics"]
+    assert r["delete_failures"] == r["keys_created"] == 2 * 4 and r["keys_deleted"] == 0, r
+    assert r["timeouts"] == 0 and r["bytes_received"] == receiver["total_bytes"], r
 
 
 @pytest.mark.parametrize("compute", COMPUTE_PLUGINS)

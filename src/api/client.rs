@@ -158,7 +158,13 @@ fn choose_store(
                      or the create option kv_store=memory:<name>",
                 )
             })?;
-            Arc::new(CallbackStore::new(raw, CallbackStoreOptions::default()))
+            Arc::new(CallbackStore::new(
+                raw,
+                CallbackStoreOptions {
+                    call_timeout: options.kv_call_timeout,
+                    ..CallbackStoreOptions::default()
+                },
+            ))
         }
         StoreChoice::Default | StoreChoice::Callbacks => Arc::new(MemoryStore::new()),
     })

@@ -1,7 +1,8 @@
 //! The unsafe half of `kv::CallbackStore`: calls the `kv_get` / `kv_try_get`
 //! / `kv_put` function pointers that `PJRT_Client_Create` received, and the
 //! `kv_delete` callback of `PJRT_CrossHost_KvDeleteExtension` when the caller
-//! attached one (`include/pjrt_crosshost.h`).
+//! attached one (`include/pjrt_crosshost.h`), else the process's registered
+//! delete (`kv_delete_route.rs`).
 //!
 //! Errors. Each call hands the callback `callback_error`, a pointer to our
 //! `PJRT_CallbackError` implementation. That builds a `CallbackErrorBox`,
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use crate::ffi::bindings::*;
 use crate::ffi::errors::error_into_raw;
+use crate::ffi::kv_delete_route;
 use crate::kv::RawKvCallbacks;
 use crate::status::{self, Code, Result, Status};
 
@@ -285,18 +287,24 @@ impl RawKvCallbacks for PjrtKvCallbacks {
     }
 
     fn delete(&self, key: &str) -> Option<Result<()>> {
-        let (delete, user_arg) = self.delete?;
         let mut args = PJRT_CrossHost_KeyValueDeleteCallback_Args {
             struct_size: size_of::<PJRT_CrossHost_KeyValueDeleteCallback_Args>(),
             extension_start: ptr::null_mut(),
             key: key.as_ptr() as *const c_char,
             key_size: key.len(),
             callback_error: callback_error_ptr(),
-            user_arg,
+            user_arg: ptr::null_mut(),
         };
         crate::timeline!("kv delete {key}");
-        // SAFETY: the extension's callback, thread-safe like the others.
-        let error = unsafe { delete(&mut args) };
+        let error = match self.delete {
+            Some((delete, user_arg)) => {
+                args.user_arg = user_arg;
+                // SAFETY: the extension's callback, thread-safe like the others.
+                unsafe { delete(&mut args) }
+            }
+            // SAFETY: valid args that live for the call.
+            None => unsafe { kv_delete_route::call(&mut args) }?,
+        };
         crate::timeline!("kv delete {key} done");
         Some(if error.is_null() {
             Ok(())
@@ -306,8 +314,10 @@ impl RawKvCallbacks for PjrtKvCallbacks {
         })
     }
 
+    /// The extension's delete, else the process's registered one (which
+    /// can come and go: the store asks at every retirement).
     fn has_delete(&self) -> bool {
-        self.delete.is_some()
+        self.delete.is_some() || kv_delete_route::registered()
     }
 }
 
@@ -411,6 +421,7 @@ mod tests {
 
     #[test]
     fn values_round_trip_and_callback_errors_keep_code_and_message() {
+        let _serial = crate::ffi::kv_delete_route::tests::REGISTRATION.lock();
         let backing = MemoryStore::new();
         let args = create_args(&backing, ptr::null_mut());
         // SAFETY: `args` is a valid struct whose callbacks outlive `kv`.
@@ -426,6 +437,30 @@ mod tests {
         assert!(err.message.contains("absent"), "{err}");
         // No try-get callback: falls back to a non-waiting get, NOT_FOUND.
         assert_eq!(kv.try_get("absent").unwrap_err().code, Code::NotFound);
+    }
+
+    #[test]
+    fn without_the_extension_the_registered_delete_is_used_while_registered() {
+        let _serial = crate::ffi::kv_delete_route::tests::REGISTRATION.lock();
+        let backing = MemoryStore::new();
+        let args = create_args(&backing, ptr::null_mut());
+        // SAFETY: valid args whose callbacks outlive `kv`.
+        let kv = unsafe { PjrtKvCallbacks::from_create_args(&args) }.unwrap();
+        let user_arg = &backing as *const MemoryStore as *mut c_void;
+        assert_eq!(
+            kv_delete_route::pjrt_crosshost_set_kv_delete(Some(fake_delete), user_arg),
+            0
+        );
+        assert!(kv.has_delete());
+        kv.put("k", b"v").unwrap();
+        kv.delete("k").unwrap().unwrap();
+        assert!(backing.is_empty());
+        assert_eq!(
+            kv_delete_route::pjrt_crosshost_set_kv_delete(None, ptr::null_mut()),
+            0
+        );
+        assert!(!kv.has_delete());
+        assert!(kv.delete("k").is_none());
     }
 
     #[test]

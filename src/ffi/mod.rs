@@ -15,6 +15,7 @@ pub mod forward;
 pub(crate) mod handles;
 mod jax_support;
 pub mod kv_callbacks;
+mod kv_delete_route;
 pub mod logging;
 mod memory;
 mod metrics_export;

@@ -110,6 +110,30 @@ enum CallJob {
     Stop,
 }
 
+/// A queue of calls and its workers' idle count.
+struct CallPool {
+    queue: Sender<CallJob>,
+    jobs: Receiver<CallJob>,
+    idle: AtomicUsize,
+}
+
+impl CallPool {
+    fn new() -> CallPool {
+        let (queue, jobs) = unbounded();
+        CallPool {
+            queue,
+            jobs,
+            idle: AtomicUsize::new(0),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Pool {
+    Calls,
+    Deletes,
+}
+
 /// Whoever takes the callback first answers: the call, or its deadline.
 type Answer<T> = Arc<Mutex<Option<Box<dyn FnOnce(Result<T>) + Send>>>>;
 
@@ -126,9 +150,12 @@ struct Shared {
     timer: DeadlineTimer,
     /// Workers waiting for a job (not blocked in a get).
     idle: AtomicUsize,
-    calls: Sender<CallJob>,
-    call_jobs: Receiver<CallJob>,
-    call_idle: AtomicUsize,
+    /// Puts, try_gets and blocking gets.
+    calls: CallPool,
+    /// Deletes, apart: a delete that waits on a framework lock (Python's
+    /// GIL, for the delete `jax_plugins.crosshost` registers) never holds up
+    /// a receipt's put.
+    deletes: CallPool,
     /// Set when the store is destroyed: workers make no more calls.
     stopping: AtomicBool,
 }
@@ -137,6 +164,7 @@ pub struct CallbackStore {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     call_workers: Mutex<Vec<JoinHandle<()>>>,
+    delete_workers: Mutex<Vec<JoinHandle<()>>>,
     /// Every worker holds a clone; all gone = all workers exited.
     exit_tx: Mutex<Option<Sender<()>>>,
     exit_rx: Receiver<()>,
@@ -145,7 +173,6 @@ pub struct CallbackStore {
 impl CallbackStore {
     pub fn new(raw: Arc<dyn RawKvCallbacks>, options: CallbackStoreOptions) -> CallbackStore {
         let (queue, jobs) = unbounded();
-        let (calls, call_jobs) = unbounded();
         let (exit_tx, exit_rx) = unbounded();
         let shared = Arc::new(Shared {
             raw,
@@ -156,15 +183,15 @@ impl CallbackStore {
             jobs,
             timer: DeadlineTimer::new("crosshost-kv-retry"),
             idle: AtomicUsize::new(0),
-            calls,
-            call_jobs,
-            call_idle: AtomicUsize::new(0),
+            calls: CallPool::new(),
+            deletes: CallPool::new(),
             stopping: AtomicBool::new(false),
         });
         let store = CallbackStore {
             shared,
             workers: Mutex::new(Vec::new()),
             call_workers: Mutex::new(Vec::new()),
+            delete_workers: Mutex::new(Vec::new()),
             exit_tx: Mutex::new(Some(exit_tx)),
             exit_rx,
         };
@@ -179,17 +206,24 @@ impl CallbackStore {
         self.spawn_if_needed(&self.workers, bound, idle, "crosshost-kv-get", worker);
     }
 
-    /// Starts one more call worker if none is idle and the bound allows.
-    fn add_call_worker(&self) {
+    /// Starts one more worker of `pool` if none is idle and the bound allows.
+    fn add_call_worker(&self, pool: Pool) {
         let bound = self.shared.options.call_threads;
-        let idle = &self.shared.call_idle;
-        self.spawn_if_needed(
-            &self.call_workers,
-            bound,
-            idle,
-            "crosshost-kv-call",
-            call_worker,
-        );
+        let (workers, idle, name, body): (_, _, _, fn(&Arc<Shared>)) = match pool {
+            Pool::Calls => (
+                &self.call_workers,
+                &self.shared.calls.idle,
+                "crosshost-kv-call",
+                call_worker,
+            ),
+            Pool::Deletes => (
+                &self.delete_workers,
+                &self.shared.deletes.idle,
+                "crosshost-kv-delete",
+                delete_worker,
+            ),
+        };
+        self.spawn_if_needed(workers, bound, idle, name, body);
     }
 
     fn spawn_if_needed(
@@ -221,11 +255,12 @@ impl CallbackStore {
         }
     }
 
-    /// Runs `call` on the call pool; `done` gets its result, or
+    /// Runs `call` on `pool`; `done` gets its result, or
     /// `DEADLINE_EXCEEDED` once `timeout` passed without one. A call still
     /// queued when its deadline passed is never made.
     fn call_async<T: Send + 'static>(
         &self,
+        pool: Pool,
         what: String,
         timeout: Duration,
         call: impl FnOnce(&dyn RawKvCallbacks) -> Result<T> + Send + 'static,
@@ -256,20 +291,25 @@ impl CallbackStore {
                 done(result);
             }
         });
-        if self.shared.calls.send(CallJob::Run(job)).is_ok() {
-            self.add_call_worker();
+        let queue = match pool {
+            Pool::Calls => &self.shared.calls.queue,
+            Pool::Deletes => &self.shared.deletes.queue,
+        };
+        if queue.send(CallJob::Run(job)).is_ok() {
+            self.add_call_worker(pool);
         }
     }
 
     /// `call_async`, waiting for the answer.
     fn call_blocking<T: Send + 'static>(
         &self,
+        pool: Pool,
         what: String,
         timeout: Duration,
         call: impl FnOnce(&dyn RawKvCallbacks) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.call_async(what.clone(), timeout, call, move |result| {
+        self.call_async(pool, what.clone(), timeout, call, move |result| {
             let _ = tx.send(result);
         });
         // The deadline answers first; this only guards a stopped timer.
@@ -311,11 +351,15 @@ impl Drop for CallbackStore {
         self.shared.stopping.store(true, AtomicOrdering::Release);
         let workers = std::mem::take(&mut *self.workers.lock());
         let call_workers = std::mem::take(&mut *self.call_workers.lock());
+        let delete_workers = std::mem::take(&mut *self.delete_workers.lock());
         for _ in 0..workers.len() {
             let _ = self.shared.queue.send(Job::Stop);
         }
         for _ in 0..call_workers.len() {
-            let _ = self.shared.calls.send(CallJob::Stop);
+            let _ = self.shared.calls.queue.send(CallJob::Stop);
+        }
+        for _ in 0..delete_workers.len() {
+            let _ = self.shared.deletes.queue.send(CallJob::Stop);
         }
         // Wait a bounded time for them to leave; one stuck in a callback that
         // never returns is detached, holding the shared state it uses.
@@ -324,7 +368,11 @@ impl Drop for CallbackStore {
         while self.exit_rx.recv_deadline(deadline).is_ok() {}
         let me = thread::current().id();
         let mut detached = 0;
-        for handle in workers.into_iter().chain(call_workers) {
+        for handle in workers
+            .into_iter()
+            .chain(call_workers)
+            .chain(delete_workers)
+        {
             if handle.thread().id() == me {
                 continue;
             }
@@ -351,10 +399,18 @@ impl Drop for CallbackStore {
 }
 
 fn call_worker(shared: &Arc<Shared>) {
+    run_pool(shared, &shared.calls);
+}
+
+fn delete_worker(shared: &Arc<Shared>) {
+    run_pool(shared, &shared.deletes);
+}
+
+fn run_pool(shared: &Shared, pool: &CallPool) {
     loop {
-        shared.call_idle.fetch_add(1, AtomicOrdering::AcqRel);
-        let next = shared.call_jobs.recv();
-        shared.call_idle.fetch_sub(1, AtomicOrdering::AcqRel);
+        pool.idle.fetch_add(1, AtomicOrdering::AcqRel);
+        let next = pool.jobs.recv();
+        pool.idle.fetch_sub(1, AtomicOrdering::AcqRel);
         match next {
             Ok(CallJob::Run(call)) => call(shared),
             Ok(CallJob::Stop) | Err(_) => return,
@@ -417,7 +473,7 @@ impl KeyValueStore for CallbackStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let key = key.to_string();
         let bound = timeout + self.shared.options.call_grace;
-        self.call_blocking(format!("kv get {key:?}"), bound, move |raw| {
+        self.call_blocking(Pool::Calls, format!("kv get {key:?}"), bound, move |raw| {
             raw.get(&key, timeout)
         })
     }
@@ -425,23 +481,30 @@ impl KeyValueStore for CallbackStore {
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
         let key = key.to_string();
         let timeout = self.shared.options.call_timeout;
-        self.call_blocking(format!("kv try_get {key:?}"), timeout, move |raw| {
-            raw.try_get(&key)
-        })
+        self.call_blocking(
+            Pool::Calls,
+            format!("kv try_get {key:?}"),
+            timeout,
+            move |raw| raw.try_get(&key),
+        )
     }
 
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let (key, value) = (key.to_string(), value.to_vec());
         let timeout = self.shared.options.call_timeout;
-        self.call_blocking(format!("kv put {key:?}"), timeout, move |raw| {
-            raw.put(&key, &value)
-        })
+        self.call_blocking(
+            Pool::Calls,
+            format!("kv put {key:?}"),
+            timeout,
+            move |raw| raw.put(&key, &value),
+        )
     }
 
     fn set_async(&self, key: &str, value: &[u8], done: SetCallback) {
         let (key, value) = (key.to_string(), value.to_vec());
         let timeout = self.shared.options.call_timeout;
         self.call_async(
+            Pool::Calls,
             format!("kv put {key:?}"),
             timeout,
             move |raw| raw.put(&key, &value),
@@ -453,9 +516,12 @@ impl KeyValueStore for CallbackStore {
         self.check_delete(key)?;
         let key = key.to_string();
         let timeout = self.shared.options.call_timeout;
-        self.call_blocking(format!("kv delete {key:?}"), timeout, move |raw| {
-            delete_with(raw, &key)
-        })
+        self.call_blocking(
+            Pool::Deletes,
+            format!("kv delete {key:?}"),
+            timeout,
+            move |raw| delete_with(raw, &key),
+        )
     }
 
     fn delete_async(&self, key: &str, done: SetCallback) {
@@ -465,6 +531,7 @@ impl KeyValueStore for CallbackStore {
         let key = key.to_string();
         let timeout = self.shared.options.call_timeout;
         self.call_async(
+            Pool::Deletes,
             format!("kv delete {key:?}"),
             timeout,
             move |raw| delete_with(raw, &key),

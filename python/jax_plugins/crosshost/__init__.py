@@ -28,6 +28,10 @@ Environment (all optional, read when JAX initializes its backends):
     XLA CPU plugin of ``fastatomstruct-xla-cpu`` when it is installed
     (``pip install pjrt-crosshost[cpu]``); set it to the empty string for no
     compute plugin (crosshost devices then only hold and move arrays).
+``PJRT_CROSSHOST_JAX_KV_DELETE``
+    ``0`` to keep the package from registering its KV delete (see
+    ``_KvDelete``): then keys written to JAX's coordination service with
+    ``kv_store=callbacks`` stay there for the life of the job.
 
 Programs can also call ``initialize(options=..., priority=..., library=...)``
 themselves before touching JAX's backends; later calls are no-ops.
@@ -35,6 +39,7 @@ themselves before touching JAX's backends; later calls are no-ops.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import logging
@@ -50,6 +55,7 @@ OPTIONS_ENV = "PJRT_CROSSHOST_CREATE_OPTIONS"
 PRIORITY_ENV = "PJRT_CROSSHOST_JAX_PRIORITY"
 LIBRARY_ENV = "PJRT_CROSSHOST_JAX_LIBRARY"
 COMPUTE_ENV = "PJRT_CROSSHOST_COMPUTE_PLUGIN"
+KV_DELETE_ENV = "PJRT_CROSSHOST_JAX_KV_DELETE"
 DEFAULT_PRIORITY = -100
 
 logger = logging.getLogger(__name__)
@@ -104,6 +110,97 @@ def _configure_compute_plugin(library: Path, compute: str | None) -> None:
             f"pjrt-crosshost: could not configure the compute plugin {compute!r} "
             "(another one is already loaded in this process; set PJRT_CROSSHOST_LOG=info to see why)"
         )
+
+
+class _DeleteArgs(ctypes.Structure):
+    """PJRT_CrossHost_KeyValueDeleteCallback_Args (include/pjrt_crosshost.h)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("key", ctypes.c_void_p),
+        ("key_size", ctypes.c_size_t),
+        ("callback_error", ctypes.c_void_p),
+        ("user_arg", ctypes.c_void_p),
+    ]
+
+
+_DELETE_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_DeleteArgs))
+# PJRT_CallbackError: PJRT_Error* (*)(PJRT_Error_Code, const char*, size_t).
+_CALLBACK_ERROR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+_PJRT_UNAVAILABLE = 14
+_PJRT_INTERNAL = 13
+
+
+class _KvDelete:
+    """The KV delete the plugin lacks under JAX: the PJRT C API's KV
+    callbacks have no delete, but JAX's distributed client has
+    ``key_value_delete``. Registered with the library
+    (``pjrt_crosshost_set_kv_delete``), it is used by clients whose keys go
+    through JAX's coordination service (``kv_store=callbacks``), so their
+    receipts and descriptors are deleted for real. JAX prefixes every key
+    the plugin writes with ``"crosshost:"``; the delete adds the same prefix.
+
+    The plugin calls it on its own delete workers after the buffer's
+    outcome is published (readiness never waits for the GIL), and never
+    after ``unregister`` returned: that runs at interpreter exit, before
+    finalization, and the library refuses a registration inherited by a
+    forked child. Errors go back to the plugin as PJRT errors (counted as
+    delete_failures, the buffer's status stands).
+    """
+
+    def __init__(self, library: Path):
+        self._lib = ctypes.CDLL(str(library))
+        self._set = self._lib.pjrt_crosshost_set_kv_delete
+        self._set.restype = ctypes.c_int
+        self._set.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._callback = _DELETE_FN(self._delete)  # kept alive with self
+
+    def register(self) -> None:
+        if self._set(ctypes.cast(self._callback, ctypes.c_void_p), None) != 0:
+            raise RuntimeError("pjrt-crosshost: registering the KV delete failed")
+        atexit.register(self.unregister)
+
+    def unregister(self) -> None:
+        # ctypes releases the GIL for the call, so deletes in flight (which
+        # need it) can finish while the library waits for them.
+        if self._set(None, None) != 0:
+            logger.warning("pjrt-crosshost: KV deletes still in flight at exit")
+
+    @staticmethod
+    def _delete(args_ptr) -> int | None:
+        args = args_ptr.contents
+        try:
+            key = ctypes.string_at(args.key, args.key_size).decode()
+            from jax._src import distributed
+
+            client = distributed.global_state.client
+            if client is None:
+                raise ConnectionError("no jax.distributed client in this process")
+            client.key_value_delete(f"{PLATFORM}:{key}")
+            return None
+        except BaseException as e:  # noqa: BLE001 - every failure goes back as a PJRT error
+            code = _PJRT_UNAVAILABLE if isinstance(e, ConnectionError) else _PJRT_INTERNAL
+            message = f"jax_plugins.crosshost KV delete: {type(e).__name__}: {e}".encode()
+            if not args.callback_error:
+                return None
+            make_error = ctypes.cast(args.callback_error, ctypes.POINTER(_CALLBACK_ERROR_FN))[0]
+            return make_error(code, message, len(message))
+
+
+_kv_delete: _KvDelete | None = None
+
+
+def _register_kv_delete(library: Path) -> None:
+    global _kv_delete
+    if os.environ.get(KV_DELETE_ENV, "1") == "0" or _kv_delete is not None:
+        return
+    try:
+        route = _KvDelete(library)
+        route.register()
+        _kv_delete = route
+    except (OSError, AttributeError, RuntimeError) as e:
+        logger.warning("pjrt-crosshost: KV deletes through JAX are off: %s", e)
 
 
 def _coerce(text: str) -> Any:
@@ -180,6 +277,7 @@ def initialize(
                 _compute_plugin = compute
             except (OSError, RuntimeError) as e:
                 logger.debug("compute plugin not configured: %s", e)
+            _register_kv_delete(Path(from_env))
             _registered_library = from_env
             return
         path = Path(library) if library is not None else library_path()
@@ -196,6 +294,7 @@ def initialize(
         compute = compute_plugin_path() if compute_plugin is _DEFAULT else (compute_plugin or None)
         _configure_compute_plugin(path, compute)
         _compute_plugin = compute
+        _register_kv_delete(path)
         from jax._src import xla_bridge
 
         xla_bridge.register_plugin(
