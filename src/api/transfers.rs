@@ -176,6 +176,7 @@ impl Client {
         incarnations: Option<PeerIncarnations>,
         function: &str,
     ) -> Result<Vec<ReceivedBuffer>> {
+        crate::timeline!("{function}: {} buffers requested", specs.len());
         self.own_addressable_device(device, function)?;
         let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
         let peers: Vec<(i32, i64)> = specs
@@ -190,7 +191,9 @@ impl Client {
             incarnations.as_ref().map(|p| p.0.as_slice()),
             &self.placement(device, function)?,
         )?;
-        Ok(received(device, shapes, destinations, handles).0)
+        let received = received(device, shapes, destinations, handles).0;
+        crate::timeline!("{function}: returning {} buffers", received.len());
+        Ok(received)
     }
 
     /// The transfer's view of a buffer to send: its bytes, readiness, shape
@@ -228,6 +231,7 @@ impl Client {
         incarnations: Option<PeerIncarnations>,
         function: &str,
     ) -> Result<Vec<Future>> {
+        crate::timeline!("{function}: {} buffers to send", buffers.len());
         let mut sources = Vec::with_capacity(buffers.len());
         for buffer in buffers {
             sources.push(self.send_source(buffer, function)?);
