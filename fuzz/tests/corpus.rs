@@ -1,6 +1,7 @@
 //! Without libFuzzer: the committed seeds are what the generator makes, and
-//! every committed input (seeds, minimized corpus, found artifacts that were
-//! fixed) passes its target's check. Runs on stable: `cargo test` in fuzz/.
+//! every committed seed and minimized-corpus input passes its target's check
+//! (open findings, fuzz/artifacts-found/, are in tests/findings.rs). Runs on
+//! stable: `cargo test` in fuzz/.
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
