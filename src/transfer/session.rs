@@ -65,7 +65,7 @@ impl ProcessEntry {
         })
     }
 
-    fn encode(&self) -> String {
+    pub fn encode(&self) -> String {
         let ids = match &self.device_ids {
             None => "-".to_string(),
             Some(ids) => ids.iter().map(i32::to_string).collect::<Vec<_>>().join(","),
@@ -86,7 +86,7 @@ impl ProcessEntry {
         )
     }
 
-    fn decode(process_index: i32, bytes: &[u8]) -> Result<ProcessEntry> {
+    pub fn decode(process_index: i32, bytes: &[u8]) -> Result<ProcessEntry> {
         let bad = || {
             status::data_loss(format!(
                 "session entry of process {process_index} is malformed: {:?}",

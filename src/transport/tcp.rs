@@ -12,7 +12,7 @@
 mod receive_server;
 mod send;
 mod socket;
-mod wire;
+pub mod wire;
 
 pub use receive_server::{TcpReceiveServer, TcpServerConfig};
 pub use send::tcp_send;

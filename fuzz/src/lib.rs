@@ -1,0 +1,354 @@
+//! The checks behind the fuzz targets (`fuzz_targets/`), and the generator of
+//! their seed inputs (`seeds`).
+//!
+//! Each `check_*` takes raw bytes from a peer and asserts what the decoder
+//! promises: it never panics, a rejection carries the documented status
+//! code, and whatever it accepts re-encodes (with the real encoder) to bytes
+//! that decode to the same value. A failed assertion is a finding. The
+//! checks live here rather than in the targets so that `cargo test` can
+//! replay the committed corpus through them without libFuzzer.
+use std::io;
+use std::time::Duration;
+
+use pjrt_crosshost::kv::{KeyValueStore, MemoryStore};
+use pjrt_crosshost::status::Code;
+use pjrt_crosshost::transfer::descriptor::{crc32, Descriptor, TransportKind};
+use pjrt_crosshost::transfer::keys::{descriptor_key, reader_of, validate_epoch, KeyReader};
+use pjrt_crosshost::transfer::session::{LocalDevices, ProcessEntry, Session};
+use pjrt_crosshost::transfer::{CompletionKey, Receipt};
+use pjrt_crosshost::transport::control::{
+    decode_frame_for_fuzzing, encode_frame_for_fuzzing, split_key_for_fuzzing, ControlEndpoint,
+    Secret, MAX_FRAME,
+};
+use pjrt_crosshost::transport::tcp::wire::{
+    encode_response, read_response, RequestHeader, MAX_RESPONSE_MESSAGE_LEN,
+};
+use pjrt_crosshost::transport::tcp::REQUEST_HEADER_LEN;
+
+pub mod seeds;
+
+const RECV_PREFIX: &str = "crosshost/recv/";
+const DESC_PREFIX: &str = "crosshost/desc/";
+
+// -------------------------------- descriptor ---------------------------------
+
+/// `Descriptor::decode` on bytes as they arrive (v1: the caller's notifier
+/// payload; v2: the value under the descriptor key).
+pub fn check_descriptor(bytes: &[u8]) {
+    let descriptor = match Descriptor::decode(bytes) {
+        Ok(descriptor) => descriptor,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    // What decode accepted, the sender's later checks must handle too.
+    assert!(descriptor.dims.iter().all(|&dim| dim >= 0));
+    assert!(descriptor
+        .offset
+        .checked_add(descriptor.byte_size)
+        .is_some());
+    let _ = descriptor.check_fits_in(u64::MAX);
+    let _ = descriptor.check_fits_in(0);
+    descriptor
+        .validate_against(
+            descriptor.byte_size,
+            descriptor.element_type,
+            &descriptor.dims,
+        )
+        .expect("a descriptor validates against its own shape");
+
+    let again = descriptor
+        .encode()
+        .expect("a decoded descriptor must re-encode");
+    let decoded_again = Descriptor::decode(&again).expect("the re-encoding must decode");
+    assert_eq!(decoded_again, descriptor, "decode(encode(d)) != d");
+    if descriptor.transport_kind() == TransportKind::Tcp {
+        // "ip:port" has several spellings of one address ("[::0:1]:80" and
+        // "[::1]:80"); the encoder writes the canonical one.
+        assert_eq!(decoded_again.encode().unwrap(), again);
+    } else {
+        // Every other field is fixed-size or copied verbatim: one value, one
+        // encoding.
+        assert_eq!(again, bytes, "an accepted descriptor is not canonical");
+    }
+}
+
+/// Restamps the declared length and the CRC of `bytes` (the last 4 bytes are
+/// taken as the checksum and replaced), so that mutated bodies reach the field
+/// parser instead of failing the checksum.
+pub fn reseal(bytes: &[u8]) -> Vec<u8> {
+    if bytes.len() < 16 {
+        return bytes.to_vec();
+    }
+    let mut out = bytes[..bytes.len() - 4].to_vec();
+    out[8..12].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+    let checksum = crc32(&out);
+    out.extend_from_slice(&checksum.to_le_bytes());
+    out
+}
+
+// --------------------------------- receipt -----------------------------------
+
+/// `Receipt::decode` on a completion key's value.
+pub fn check_receipt(bytes: &[u8]) {
+    let receipt = match Receipt::decode(bytes) {
+        Ok(receipt) => receipt,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    if let Receipt::Error { status, .. } = &receipt {
+        assert!((1..=16).contains(&(status.code as i32)));
+    }
+    let again = receipt.encode();
+    let decoded_again = Receipt::decode(&again).expect("the re-encoding must decode");
+    assert_eq!(decoded_again, receipt, "decode(encode(r)) != r");
+    assert_eq!(decoded_again.encode(), again);
+}
+
+// ------------------------------- TCP wire ------------------------------------
+
+/// `RequestHeader::decode` on the first `REQUEST_HEADER_LEN` bytes a sender
+/// sends to the TCP transfer server.
+pub fn check_tcp_request_header(bytes: &[u8]) {
+    let Some(header_bytes) = bytes.get(..REQUEST_HEADER_LEN) else {
+        return;
+    };
+    let header_bytes: &[u8; REQUEST_HEADER_LEN] = header_bytes.try_into().unwrap();
+    let header = match RequestHeader::decode(header_bytes) {
+        Ok(header) => header,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    let again = header.encode();
+    assert_eq!(&again, header_bytes, "an accepted header is not canonical");
+    assert_eq!(RequestHeader::decode(&again).unwrap(), header);
+}
+
+/// `read_response` on what the TCP transfer server answers a sender.
+pub fn check_tcp_response(bytes: &[u8]) {
+    let verdict = match read_response(&mut &bytes[..]) {
+        Err(error) => {
+            assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
+            return;
+        }
+        Ok(Err(violation)) => {
+            assert_eq!(violation.code, Code::DataLoss, "{violation}");
+            return;
+        }
+        Ok(Ok(verdict)) => verdict,
+    };
+    if let Err(status) = &verdict {
+        assert!(
+            status.message.len() <= MAX_RESPONSE_MESSAGE_LEN,
+            "read_response returned a {}-byte message (limit {MAX_RESPONSE_MESSAGE_LEN})",
+            status.message.len()
+        );
+    }
+    let again = encode_response(&verdict);
+    let decoded_again = read_response(&mut &again[..])
+        .expect("the re-encoding must be complete")
+        .expect("the re-encoding must be well-formed");
+    assert_eq!(decoded_again, verdict, "read(encode(v)) != v");
+    assert_eq!(encode_response(&decoded_again), again);
+}
+
+// --------------------------------- session -----------------------------------
+
+/// `ProcessEntry::decode` on a peer's session entry (`xs3 ...`).
+pub fn check_session_entry(bytes: &[u8]) {
+    let entry = match ProcessEntry::decode(3, bytes) {
+        Ok(entry) => entry,
+        Err(error) => {
+            assert_eq!(error.code, Code::DataLoss, "{error}");
+            return;
+        }
+    };
+    assert_eq!(entry.process_index, 3);
+    if let Some(ids) = &entry.device_ids {
+        assert_eq!(ids.len(), entry.num_devices);
+    }
+    let again = entry.encode();
+    let decoded_again =
+        ProcessEntry::decode(3, again.as_bytes()).expect("the re-encoding must decode");
+    assert_eq!(decoded_again, entry, "decode(encode(e)) != e");
+    assert_eq!(decoded_again.encode(), again);
+}
+
+const EPOCH_SESSION: &str = "fuzz";
+const EPOCH_KEY: &str = "crosshost/session/fuzz/epoch";
+
+/// The epoch record (`<epoch> <secret-hex>`) as a joining process parses it,
+/// in `Session::establish` itself: process 1 of a job whose other processes
+/// it does not wait for (`num_processes = 0`), so the record is all it reads.
+fn join_with_epoch_record(record: &[u8]) -> pjrt_crosshost::status::Result<(String, Secret)> {
+    let store = MemoryStore::new();
+    store.set(EPOCH_KEY, record).unwrap();
+    let mut seen = None;
+    let session = Session::establish(
+        &store,
+        EPOCH_SESSION,
+        1,
+        0,
+        LocalDevices::sequential(1, "fuzz"),
+        Duration::from_secs(1),
+        |epoch: &str, secret: Secret| {
+            seen = Some((epoch.to_string(), secret));
+            Ok(None)
+        },
+    )?;
+    let (epoch, secret) = seen.expect("the control hook is told the session");
+    assert_eq!(session.epoch, epoch);
+    assert_eq!(session.secret, secret);
+    Ok((epoch, secret))
+}
+
+pub fn check_session_epoch(bytes: &[u8]) {
+    let (epoch, secret) = match join_with_epoch_record(bytes) {
+        Ok(parsed) => parsed,
+        Err(error) => {
+            assert_eq!(error.code, Code::DataLoss, "{error}");
+            return;
+        }
+    };
+    // The writer's format (process 0 in `Session::establish`).
+    let again = format!("{epoch} {}", secret.to_hex());
+    let (epoch_again, secret_again) =
+        join_with_epoch_record(again.as_bytes()).expect("the re-encoding must parse");
+    assert_eq!((epoch_again, secret_again), (epoch, secret));
+}
+
+// --------------------------------- control -----------------------------------
+
+/// `ControlEndpoint::decode` on the control field of a peer's session entry.
+pub fn check_control_endpoint(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    let Some(endpoint) = ControlEndpoint::decode(text) else {
+        return;
+    };
+    let again = endpoint.encode();
+    let decoded_again = ControlEndpoint::decode(&again).expect("the re-encoding must decode");
+    assert_eq!(decoded_again, endpoint, "decode(encode(e)) != e");
+    assert_eq!(decoded_again.encode(), again);
+}
+
+/// `read_frame` (and `split_key` on its payload) on the bytes of a control
+/// link. Byte 0 says how the stream delivers them: its low 7 bits the most
+/// bytes one `read` returns (0: no limit), its top bit whether the read runs
+/// under a deadline (as HELLO does).
+pub fn check_control_frame(bytes: &[u8]) {
+    let Some((&how, stream)) = bytes.split_first() else {
+        return;
+    };
+    let max_read = match how & 0x7f {
+        0 => usize::MAX,
+        n => n as usize,
+    };
+    let with_deadline = how & 0x80 != 0;
+    let (op, id, payload) = match decode_frame_for_fuzzing(stream, max_read, with_deadline) {
+        Ok(frame) => frame,
+        Err(error) => {
+            assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData
+                ),
+                "{error}"
+            );
+            return;
+        }
+    };
+    assert!(9 + payload.len() <= MAX_FRAME);
+    let consumed = 4 + 1 + 8 + payload.len();
+    assert_eq!(
+        encode_frame_for_fuzzing(op, id, &payload),
+        stream[..consumed],
+        "frame(read_frame(b)) != b"
+    );
+    if let Some((key, value)) = split_key_for_fuzzing(&payload) {
+        let mut again = (key.len() as u16).to_le_bytes().to_vec();
+        again.extend_from_slice(key.as_bytes());
+        again.extend_from_slice(value);
+        assert_eq!(again, payload, "split_key does not cover its payload");
+    }
+}
+
+// ----------------------------------- keys ------------------------------------
+
+/// `CompletionKey::parse`, `reader_of` and `validate_epoch` on a key name.
+pub fn check_keys(bytes: &[u8]) {
+    let Ok(name) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    let _ = validate_epoch(name);
+    match CompletionKey::parse(name) {
+        Err(error) => assert_eq!(error.code, Code::InvalidArgument, "{error}"),
+        Ok(key) => {
+            assert_eq!(key.as_str(), name, "parse accepted a non-canonical name");
+            let rebuilt = CompletionKey::new(key.epoch(), key.transfer_id(), key.index())
+                .expect("a parsed key's parts make a key");
+            assert_eq!(rebuilt, key);
+            assert_eq!(CompletionKey::parse(key.as_str()).unwrap(), key);
+            assert_eq!(
+                descriptor_key(key.epoch(), key.transfer_id(), key.index()).unwrap(),
+                key.descriptor_key()
+            );
+        }
+    }
+    // A buffer's completion key and descriptor key name the same pair: the
+    // descriptor key has a reader (the sending device) exactly when the
+    // completion key's reader is a device.
+    let (recv, desc) = if let Some(rest) = name.strip_prefix(RECV_PREFIX) {
+        (name.to_string(), format!("{DESC_PREFIX}{rest}"))
+    } else if let Some(rest) = name.strip_prefix(DESC_PREFIX) {
+        (format!("{RECV_PREFIX}{rest}"), name.to_string())
+    } else {
+        assert_eq!(reader_of(name), None);
+        return;
+    };
+    let recv_reader = reader_of(&recv);
+    let desc_reader = reader_of(&desc);
+    assert_eq!(
+        desc_reader.is_some(),
+        matches!(recv_reader, Some(KeyReader::Device(_))),
+        "readers of {recv:?} ({recv_reader:?}) and {desc:?} ({desc_reader:?}) disagree"
+    );
+    assert!(!matches!(desc_reader, Some(KeyReader::Process(_))));
+}
+
+/// The check of the fuzz target `target`, for replaying a corpus.
+pub fn check_for(target: &str) -> Option<fn(&[u8])> {
+    Some(match target {
+        "descriptor_raw" => check_descriptor,
+        "descriptor_sealed" => |bytes: &[u8]| check_descriptor(&reseal(bytes)),
+        "receipt" => check_receipt,
+        "tcp_request_header" => check_tcp_request_header,
+        "tcp_response" => check_tcp_response,
+        "session_entry" => check_session_entry,
+        "session_epoch" => check_session_epoch,
+        "control_endpoint" => check_control_endpoint,
+        "control_frame" => check_control_frame,
+        "keys" => check_keys,
+        _ => return None,
+    })
+}
+
+/// Every fuzz target, in the order the scripts run them.
+pub const TARGETS: [&str; 10] = [
+    "descriptor_raw",
+    "descriptor_sealed",
+    "receipt",
+    "tcp_request_header",
+    "tcp_response",
+    "session_entry",
+    "session_epoch",
+    "control_endpoint",
+    "control_frame",
+    "keys",
+];
