@@ -11,6 +11,8 @@ written (JAX's v1 fallback).
 
 from __future__ import annotations
 
+import ctypes
+
 import time
 import zlib
 
@@ -112,6 +114,28 @@ def test_v1_copy_to_remote_with_null_event(xh, pair):
     send = xh.copy_to_remote(srcs[0], r.descriptors[0])
     expect_sent(send)
     assert send.destructed.count() == 1, "descriptor_destructor not called exactly once"
+    check_received(r, specs, datas)
+    th.wait_keys_retired(c1)
+
+
+@pytest.mark.parametrize("with_event", [False, True])
+def test_v1_copy_to_remote_v6_with_a_null_destructor_frees_nothing(xh, pair, with_event):
+    """A v6-sized args struct whose descriptor_destructor is NULL: nothing is
+    the plugin's to free (the pointers are Python's here; C++ delete on them
+    aborted the process). The copy goes through and the cells stay intact."""
+    c0, c1 = pair
+    specs = [spec(BT.F32, 64)]
+    srcs, datas = sources(c0, specs, 4)
+    r = receive(xh, c1, specs)
+    if with_event:
+        send = xh.copy_to_remote(srcs[0], None, event=c0.api.create_event(), with_destructor=False)
+        send.provide(r.descriptors[0])
+    else:
+        send = xh.copy_to_remote(srcs[0], r.descriptors[0], with_destructor=False)
+    expect_sent(send)
+    assert send.destructed.count() == 0
+    assert send.desc_size.value == len(r.descriptors[0]), "the caller's size cell changed"
+    assert ctypes.string_at(send.desc_ptr.value, send.desc_size.value) == r.descriptors[0]
     check_received(r, specs, datas)
     th.wait_keys_retired(c1)
 

@@ -419,12 +419,18 @@ class Transfers:
         return V1Receive(self, client, device, specs, allow_cancel, struct_size)
 
     def copy_to_remote(
-        self, buffer: pc.Buffer, descriptor: bytes | None, event: pc.Event | None = None
+        self,
+        buffer: pc.Buffer,
+        descriptor: bytes | None,
+        event: pc.Event | None = None,
+        with_destructor: bool = True,
     ) -> "RemoteSend":
         """CopyToRemoteDevice. With ``event`` (from PJRT_Event_Create), the
         descriptor is written later by :meth:`RemoteSend.provide` which then
-        sets the event; without it, ``descriptor`` is readable at once."""
-        return RemoteSend(self, buffer, descriptor, event)
+        sets the event; without it, ``descriptor`` is readable at once.
+        ``with_destructor=False`` passes a v6-sized struct whose
+        descriptor_destructor is NULL (the caller keeps its pointers)."""
+        return RemoteSend(self, buffer, descriptor, event, with_destructor)
 
 
 _LIVE = {}  # id -> object kept alive while C may still call into it
@@ -536,7 +542,7 @@ class V1Receive:
 class RemoteSend:
     """One CopyToRemoteDevice call; the descriptor cells live here."""
 
-    def __init__(self, xh: Transfers, buffer: pc.Buffer, descriptor, event):
+    def __init__(self, xh: Transfers, buffer: pc.Buffer, descriptor, event, with_destructor=True):
         self.api = xh.api
         self.done = Once()
         self.destructed = Once()
@@ -562,7 +568,9 @@ class RemoteSend:
             event=event.handle if event is not None else None,
             serialized_descriptor=ctypes.addressof(self.desc_ptr),
             serialized_descriptor_size=ctypes.addressof(self.desc_size),
-            descriptor_destructor=ctypes.cast(self._destructor, c_void_p),
+            descriptor_destructor=(
+                ctypes.cast(self._destructor, c_void_p) if with_destructor else None
+            ),
         )
         a.on_done.user_arg = None
         a.on_done.on_done = ctypes.cast(self._on_done, c_void_p)

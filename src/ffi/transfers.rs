@@ -431,7 +431,17 @@ impl OnDone {
 struct DescriptorSlot {
     data: usize,
     size: usize,
-    destructor: Option<unsafe extern "C" fn(*mut *mut c_char, *mut usize)>,
+    release: Release,
+}
+
+/// How the caller's two descriptor pointers are released.
+enum Release {
+    /// v6+: through the caller's destructor.
+    Destructor(unsafe extern "C" fn(*mut *mut c_char, *mut usize)),
+    /// v6+ with a NULL destructor: the caller keeps them; nothing to free.
+    Nothing,
+    /// v5: C++ `delete`, as upstream did.
+    CxxDelete,
 }
 
 impl DescriptorSlot {
@@ -453,11 +463,14 @@ impl DescriptorSlot {
             )
         }
         .map(<[u8]>::to_vec);
-        match self.destructor {
+        match self.release {
             // SAFETY: the caller's destructor for exactly these pointers.
-            Some(destroy) => unsafe { destroy(data_ptr, size_ptr) },
+            Release::Destructor(destroy) => unsafe { destroy(data_ptr, size_ptr) },
+            Release::Nothing => {}
             // SAFETY: v5 callers allocated both with C++ `new`.
-            None => unsafe { super::cxx_delete::delete_v5_descriptor_pointers(data_ptr, size_ptr) },
+            Release::CxxDelete => unsafe {
+                super::cxx_delete::delete_v5_descriptor_pointers(data_ptr, size_ptr)
+            },
         }
         bytes
     }
@@ -468,7 +481,8 @@ crate::callback_entry!(
     /// its serialized descriptor names. The descriptor is read at once when
     /// `event` is null, else once `event` is ready (the caller sets it after
     /// writing the descriptor); its two pointers are then released through
-    /// `descriptor_destructor` (v6) or C++ `delete` (v5 callers). The caller
+    /// `descriptor_destructor` (v6; NULL: the caller keeps them) or C++
+    /// `delete` (v5 callers). The caller
     /// gives up `event`: we destroy it once ready. The outcome goes once to
     /// `on_done(error, sends_were_enqueued, user_arg)`, which owns the error;
     /// an event never set ends in DEADLINE_EXCEEDED after the client's send
@@ -507,19 +521,20 @@ fn start_copy_to_remote(
             "serialized_descriptor / serialized_descriptor_size",
         ));
     }
-    let destructor = if crate::has_field!(
+    let release = if crate::has_field!(
         args,
         PJRT_Transfers_PJRT_Buffer_CopyToRemoteDevice_Args,
         descriptor_destructor
     ) {
         args.descriptor_destructor
+            .map_or(Release::Nothing, Release::Destructor)
     } else {
-        None
+        Release::CxxDelete
     };
     let slot = DescriptorSlot {
         data: args.serialized_descriptor as usize,
         size: args.serialized_descriptor_size as usize,
-        destructor,
+        release,
     };
     let bounded_client = client.clone();
     let send = move |ready: Result<()>| {

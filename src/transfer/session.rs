@@ -19,6 +19,10 @@ use crate::transport::control::{ControlEndpoint, Secret};
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
+/// The most devices a peer's session entry may state (XLA numbers a
+/// process's devices below 2048 apart; twice that is generous).
+pub const MAX_DEVICES_PER_PROCESS: usize = 4096;
+
 /// The devices a process brings to the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalDevices {
@@ -104,6 +108,11 @@ impl ProcessEntry {
             text => Some(ControlEndpoint::decode(text).ok_or_else(bad)?),
         };
         let num_devices: usize = devices.parse().map_err(|_| bad())?;
+        // A peer states its own count; an absurd one would make every
+        // process allocate that many devices at client creation.
+        if num_devices > MAX_DEVICES_PER_PROCESS {
+            return Err(bad());
+        }
         let device_ids = match ids {
             "-" => None,
             list => {
@@ -214,6 +223,13 @@ impl Session {
                 )
             })?;
             processes.push(ProcessEntry::decode(i as i32, &bytes)?);
+        }
+        let total: usize = processes.iter().map(|p| p.num_devices).sum();
+        if total > i32::MAX as usize {
+            return Err(status::data_loss(format!(
+                "session {name:?}: the processes state {total} devices in all, more than global \
+                 device ids can number"
+            )));
         }
         Ok(Session {
             epoch,

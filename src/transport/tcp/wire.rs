@@ -62,16 +62,22 @@ impl RequestHeader {
     }
 }
 
+/// The longest prefix of `message` within the wire's limit that ends on a
+/// character boundary.
+fn within_message_limit(message: &str) -> &str {
+    let mut end = message.len().min(MAX_RESPONSE_MESSAGE_LEN);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
+}
+
 pub fn encode_response(outcome: &Result<()>) -> Vec<u8> {
     let (code, message) = match outcome {
         Ok(()) => (0u32, ""),
         Err(error) => (error.code as u32, error.message.as_str()),
     };
-    let mut end = message.len().min(MAX_RESPONSE_MESSAGE_LEN);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    let message = &message.as_bytes()[..end];
+    let message = within_message_limit(message).as_bytes();
     let mut out = Vec::with_capacity(RESPONSE_FIXED_LEN + message.len());
     out.extend_from_slice(&RESPONSE_MAGIC);
     out.extend_from_slice(&code.to_le_bytes());
@@ -101,7 +107,8 @@ pub fn read_response(
     }
     let mut message = vec![0u8; message_len];
     reader.read_exact(&mut message)?;
-    let message = String::from_utf8_lossy(&message).into_owned();
+    // Each invalid byte becomes a 3-byte U+FFFD: cut back to the limit.
+    let message = within_message_limit(&String::from_utf8_lossy(&message)).to_string();
     if code == 0 {
         return Ok(Ok(Ok(())));
     }
