@@ -12,6 +12,7 @@ every received buffer is compared with numpy; every wait is bounded.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -342,6 +343,54 @@ def test_v2_receive_without_sender_times_out_with_deadline_exceeded(api, xh):
     finally:
         c1.destroy()
         c0.destroy()
+
+
+def test_v2_receives_past_max_receive_bytes_fail_at_once_naming_size_and_bound(api, xh):
+    bound = 1 << 20
+    c0, c1 = th.make_pair(api, max_receive_bytes=bound)
+    try:
+        s_dev, r_dev, _ = devs(c0, c1)
+        big = spec(BT.U8, 2 << 20)
+        with pytest.raises(pc.PjrtError) as e:
+            xh.receive(c1, r_dev, [big], [s_dev.id()], [1])
+        assert e.value.code == EC.RESOURCE_EXHAUSTED, e.value
+        assert str(2 << 20) in e.value.message and f"max_receive_bytes = {bound}" in e.value.message
+        # The bound counts what received buffers hold: a second 600 KiB
+        # receive fails while the first one's buffer lives, and works once
+        # it is destroyed. A batch that does not fit fails as a whole.
+        part = spec(BT.U8, 600 << 10)
+        bufs, evs, datas = transfer(xh, c0, c1, [part], [2])
+        check_all_arrived(bufs, evs, [part], datas)
+        with pytest.raises(pc.PjrtError) as e:
+            xh.receive(c1, r_dev, [spec(BT.U8, 100 << 10), part], [s_dev.id()] * 2, [3, 4])
+        assert e.value.code == EC.RESOURCE_EXHAUSTED, e.value
+        for b in bufs:
+            b.destroy()
+        bufs, evs, datas = transfer(xh, c0, c1, [part], [5])
+        check_all_arrived(bufs, evs, [part], datas)
+        th.wait_keys_retired(c1)
+    finally:
+        c1.destroy()
+        c0.destroy()
+
+
+def test_v2_a_receive_larger_than_the_default_bound_fails_without_allocating(api, xh, auto_pair):
+    # The default bound is half the machine's memory: a receive of the whole
+    # machine's memory is refused at once instead of being faulted in.
+    c0, c1 = auto_pair
+    s_dev, r_dev, _ = devs(c0, c1)
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    t0 = time.monotonic()
+    with pytest.raises(pc.PjrtError) as e:
+        xh.receive(c1, r_dev, [spec(BT.U8, total)], [s_dev.id()], [1])
+    assert e.value.code == EC.RESOURCE_EXHAUSTED, e.value
+    mem_total = next(
+        int(line.split()[1]) * 1024
+        for line in open("/proc/meminfo")
+        if line.startswith("MemTotal:")
+    )
+    assert f"max_receive_bytes = {mem_total // 2} " in e.value.message, e.value
+    assert time.monotonic() - t0 < 2
 
 
 def test_v2_send_without_receiver_times_out(api, xh):

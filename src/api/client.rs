@@ -16,6 +16,7 @@ use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 use crate::transfer::keys::{self, KeyReader};
+use crate::transfer::receive_budget::default_max_receive_bytes;
 use crate::transfer::service::{TransferConfig, TransferService};
 use crate::transfer::session::{LocalDevices, Session};
 use crate::transport::host_identity::HostIdentity;
@@ -378,6 +379,9 @@ impl Client {
                 force_tcp: options.force_tcp,
                 tcp_bind: options.tcp_bind,
                 shm_pool_bytes: options.shm_pool_bytes,
+                max_receive_bytes: options
+                    .max_receive_bytes
+                    .unwrap_or_else(default_max_receive_bytes),
                 ..TransferConfig::default()
             },
         );

@@ -83,6 +83,9 @@ pub struct ClientOptions {
     /// Bound on one KV callback call (put, try_get, delete) of the
     /// callback store; a blocking get is bounded by its own timeout.
     pub kv_call_timeout: Duration,
+    /// Bound on the bytes received host buffers hold at once (None: half
+    /// the machine's memory).
+    pub max_receive_bytes: Option<u64>,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
     /// `compute_plugin`: the PJRT plugin that compiles and runs programs
@@ -111,6 +114,7 @@ impl Default for ClientOptions {
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
             kv_call_timeout: Duration::from_secs(30),
+            max_receive_bytes: None,
             shm_pool_bytes: 1 << 30,
             compute: ComputeChoice::default(),
             compute_options: Vec::new(),
@@ -121,7 +125,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, shm_pool_bytes, \
+                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, shm_pool_bytes, max_receive_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -227,6 +231,9 @@ impl ClientOptions {
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
                 "session_timeout_ms" => parsed.session_timeout = expect_millis(name, value)?,
                 "kv_call_timeout_ms" => parsed.kv_call_timeout = expect_millis(name, value)?,
+                "max_receive_bytes" => {
+                    parsed.max_receive_bytes = Some(expect_range(name, value, 1, 1 << 50)? as u64)
+                }
                 "shm_pool_bytes" => {
                     parsed.shm_pool_bytes = expect_range(name, value, 0, 1 << 40)? as usize
                 }

@@ -12,6 +12,8 @@ use crate::transport::shm_pool::ShmLease;
 pub struct SharedHostMemory {
     lease: Arc<ShmLease>,
     counters: Arc<MemoryCounters>,
+    /// Released with the memory (a receive's share of its client's bound).
+    _held: Option<Box<dyn Send + Sync>>,
 }
 
 impl SharedHostMemory {
@@ -20,7 +22,14 @@ impl SharedHostMemory {
         SharedHostMemory {
             lease: Arc::new(lease),
             counters,
+            _held: None,
         }
+    }
+
+    /// The same memory, keeping `held` alive (and dropping it) with it.
+    pub fn holding(mut self, held: Box<dyn Send + Sync>) -> SharedHostMemory {
+        self._held = Some(held);
+        self
     }
 
     /// The lease, for transports that write into it.

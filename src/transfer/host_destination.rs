@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 
 use super::cuda_path::CudaDestination;
 use super::descriptor::AllocationHandle;
+use super::receive_budget::BudgetLease;
 use crate::backend::shared::SharedHostMemory;
 use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
@@ -67,8 +68,12 @@ impl HostDestination {
         counters: Arc<MemoryCounters>,
         nonce: u64,
         route: HostRoute<'_>,
+        reservation: BudgetLease,
     ) -> Result<HostDestination> {
-        let memory = Arc::new(SharedHostMemory::new(pool.allocate(byte_size)?, counters));
+        let memory = Arc::new(
+            SharedHostMemory::new(pool.allocate(byte_size)?, counters)
+                .holding(Box::new(reservation)),
+        );
         let lease = memory.lease().clone();
         let claim = ClaimRange {
             nonce,

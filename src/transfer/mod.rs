@@ -6,6 +6,7 @@ pub mod descriptor;
 pub mod host_destination;
 pub mod keys;
 pub mod receipt;
+pub mod receive_budget;
 pub mod recv_state;
 pub mod service;
 pub mod session;

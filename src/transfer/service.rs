@@ -20,6 +20,7 @@ use super::descriptor::{AllocationHandle, Descriptor};
 use super::host_destination::{local_region, Destination, HostDestination, HostRoute};
 use super::keys::{descriptor_key, CompletionKey};
 use super::receipt::Receipt;
+use super::receive_budget::ReceiveBudget;
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker, RecordEvent};
 use super::session::Session;
 use crate::backend::{Allocation, DevicePlacement};
@@ -49,6 +50,8 @@ pub struct TransferConfig {
     /// Upper bound of the receiver's pool of pre-faulted shared-memory
     /// segments (0: every destination gets a fresh region).
     pub shm_pool_bytes: usize,
+    /// Bound on the bytes this client's received host buffers hold at once.
+    pub max_receive_bytes: u64,
 }
 
 /// Copy threads: half the cores. A single memcpy stream already runs near
@@ -76,6 +79,7 @@ impl Default for TransferConfig {
             tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             worker_threads: 4,
             shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
+            max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
         }
     }
 }
@@ -184,6 +188,7 @@ pub struct TransferService {
     tcp_server: OnceCell<TcpReceiveServer>,
     incarnations: Mutex<HashMap<i32, i64>>,
     pool: ShmPool,
+    receive_budget: Arc<ReceiveBudget>,
 }
 
 impl TransferService {
@@ -222,6 +227,7 @@ impl TransferService {
                 max_segments: config.shm_pool_bytes / SHM_SEGMENT_BYTES,
             })
             .expect("segment length is a positive multiple of the page size"),
+            receive_budget: ReceiveBudget::new(config.max_receive_bytes),
             config,
         })
     }
@@ -397,6 +403,10 @@ impl TransferService {
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
         let destination = if placement.is_host() {
+            // Reserved before anything is allocated (or faulted in).
+            let reservation = self
+                .receive_budget
+                .reserve(spec.byte_size as u64, &format!("receive {key}"))?;
             let route = if use_tcp {
                 HostRoute::Tcp(self.tcp_server()?, token)
             } else {
@@ -408,6 +418,7 @@ impl TransferService {
                 placement.counters.clone(),
                 nonce,
                 route,
+                reservation,
             )?)
         } else {
             // CUDA hook (issue #5): device memory exported as a CUDA IPC
