@@ -10,21 +10,47 @@ fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `target/<profile>/libpjrt_crosshost.so`: the test executable lives in
-/// `target/<profile>/deps/`, the cdylib one level up.
+/// The plugin's cdylib for this profile. Cargo builds only the rlib for an
+/// integration test, so on a fresh clone `target/<profile>/` has no cdylib
+/// (or a stale one): the test builds it itself, once per test process, a
+/// no-op when it is fresh. (`cargo test` does not hold the build lock while
+/// tests run.)
 fn cdylib_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable is in target/<profile>/deps");
-    let lib = profile_dir.join("libpjrt_crosshost.so");
-    assert!(
-        lib.is_file(),
-        "{} not found: cargo should have built the cdylib next to the test executable",
-        lib.display()
-    );
-    lib
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable is in <target>/<profile>/deps");
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let target_dir = profile_dir.parent().expect("<target>/<profile>");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let mut build = Command::new(&cargo);
+        build
+            .args(["build", "--lib", "--quiet"])
+            .arg("--manifest-path")
+            .arg(manifest_dir().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target_dir);
+        if release {
+            build.arg("--release");
+        }
+        let out = build
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run `{cargo} build`: {e}"));
+        assert!(
+            out.status.success(),
+            "building the cdylib for the C program failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = target_dir
+            .join(if release { "release" } else { "debug" })
+            .join("libpjrt_crosshost.so");
+        assert!(lib.is_file(), "{} was not built", lib.display());
+        lib
+    })
+    .clone()
 }
 
 /// Compiles the C program once per test process into a fresh temp dir.
