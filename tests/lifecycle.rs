@@ -884,3 +884,93 @@ fn randomized_success_cancel_error_timeout_races_have_exactly_one_outcome_each_a
         run_races(seed, 34_000);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Order of the steps, raced at the exact point where a wrong order shows
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cancellation_is_published_while_the_wake_up_set_is_still_in_flight() {
+    // A store whose set does not return at once: the cancelled outcome must
+    // be visible before the wake-up `set` returns (rule 4: publish first).
+    let h = Harness::new(ReceiveConfig::default());
+    let (release, gate) = bounded(0);
+    h.store.gate_sets(gate);
+    let k = key(40, 0);
+    let rx = h.tracker.begin(k.clone(), 9, vec![]).unwrap();
+    let canceller = {
+        let rx = rx.clone();
+        std::thread::spawn(move || rx.cancel(status::cancelled("user cancelled")))
+    };
+    assert_eq!(
+        code(&wait(&rx.future())),
+        Some(Code::Cancelled),
+        "the cancellation waited for the wake-up set"
+    );
+    assert_eq!(h.store.calls_for(Op::Set, k.as_str()), 1, "set entered");
+    assert!(!canceller.is_finished(), "the wake-up set is still held");
+    release.send(()).unwrap();
+    canceller.join().unwrap().unwrap();
+    assert_eq!(wait_retired(&rx), Ok(()));
+    assert!(h.mem.is_empty(), "{:?}", h.mem.keys());
+}
+
+#[test]
+fn the_real_receipt_written_just_after_a_stale_one_was_seen_completes_the_buffer() {
+    // The sender's receipt lands right after the tracker read a stale value
+    // and before its next store call on the key. Re-arming past the stale
+    // value sees it; deleting the stale value first would destroy it, and the
+    // buffer would wait out its deadline.
+    let h = Harness::new(ReceiveConfig {
+        timeout: Some(Duration::from_secs(5)),
+        retire_keys: true,
+    });
+    let k = key(41, 0);
+    let rx = h.tracker.begin(k.clone(), 2, vec![]).unwrap();
+    let (mem, real) = (h.mem.clone(), k.as_str().to_string());
+    h.store.before_next_op_on(k.as_str(), move || {
+        mem.set(&real, &ok(2)).unwrap();
+    });
+    // Bypasses the TestStore: the hook fires on the tracker's reaction.
+    h.mem.set(k.as_str(), &ok(1)).unwrap();
+    assert_eq!(wait(&rx.future()), Ok(()), "the real receipt was lost");
+    assert_eq!(h.m().stale_receipts_rejected, 1);
+    assert_eq!(
+        h.store.calls_for(Op::AsyncGet, k.as_str()),
+        2,
+        "re-armed once"
+    );
+    assert_eq!(wait_retired(&rx), Ok(()));
+    assert!(h.mem.is_empty(), "{:?}", h.mem.keys());
+}
+
+#[test]
+fn a_retired_receive_leaves_no_deadline_timer_armed_on_any_path() {
+    let h = Harness::new(ReceiveConfig {
+        timeout: Some(Duration::from_secs(600)),
+        retire_keys: true,
+    });
+    // Completed by its receipt.
+    let done = h.tracker.begin(key(42, 0), 1, vec![]).unwrap();
+    // Cancelled.
+    let cancelled = h.tracker.begin(key(42, 1), 2, vec![]).unwrap();
+    // Failed by the sender.
+    let failed = h.tracker.begin(key(42, 2), 3, vec![]).unwrap();
+    assert_eq!(h.tracker.deadline_timers_pending(), 3);
+    h.store.set(done.key().as_str(), &ok(1)).unwrap();
+    cancelled.cancel(status::cancelled("test")).unwrap();
+    let error = Receipt::Error {
+        nonce: 3,
+        status: status::internal("sender failed"),
+    };
+    h.store.set(failed.key().as_str(), &error.encode()).unwrap();
+    for rx in [&done, &cancelled, &failed] {
+        assert_eq!(wait_retired(rx), Ok(()));
+    }
+    assert_eq!(h.tracker.outstanding(), 0);
+    assert_eq!(
+        h.tracker.deadline_timers_pending(),
+        0,
+        "a retired receive kept its deadline timer (and itself) alive"
+    );
+}

@@ -1,7 +1,9 @@
 //! `TestStore`: wraps any store for the regression tests. It counts calls
 //! per operation (and per key), fails the Nth call of an operation on
 //! request, can make a key's AsyncGet deliver an error, can hold deletes on a
-//! gate, and can play a store that cannot delete at all (capability
+//! gate (and sets on another), can run a test's action just before the next
+//! operation on a key (to race a real writer against the code under test at
+//! an exact point), and can play a store that cannot delete at all (capability
 //! `can_delete = false`, `delete` returns `UNIMPLEMENTED` without touching
 //! the inner store) — the negative control for key retirement.
 use std::collections::HashMap;
@@ -35,7 +37,10 @@ struct Faults {
     /// Keys whose next AsyncGet delivers this error through its callback.
     fail_wait: HashMap<String, Status>,
     delete_gate: Option<Receiver<()>>,
+    set_gate: Option<Receiver<()>>,
     delete_disabled: bool,
+    /// Key -> action run (once) just before the next operation on it.
+    before_next_op: HashMap<String, Box<dyn FnOnce() + Send>>,
 }
 
 pub struct TestStore {
@@ -99,6 +104,20 @@ impl TestStore {
         self.faults.lock().delete_gate = Some(gate);
     }
 
+    /// Every `set` first takes one message from `gate` (blocking).
+    pub fn gate_sets(&self, gate: Receiver<()>) {
+        self.faults.lock().set_gate = Some(gate);
+    }
+
+    /// Runs `action` once, just before the next operation (of any kind,
+    /// counted first) on `key` reaches the inner store.
+    pub fn before_next_op_on(&self, key: &str, action: impl FnOnce() + Send + 'static) {
+        self.faults
+            .lock()
+            .before_next_op
+            .insert(key.to_string(), Box::new(action));
+    }
+
     /// From now on this store cannot delete (see the module doc).
     pub fn disable_delete(&self) {
         self.faults.lock().delete_disabled = true;
@@ -106,6 +125,15 @@ impl TestStore {
 
     /// Counts the call and returns the injected failure, if this is it.
     fn enter(&self, op: Op, key: &str) -> Result<()> {
+        let counted = self.count(op, key);
+        let action = self.faults.lock().before_next_op.remove(key);
+        if let Some(action) = action {
+            action();
+        }
+        counted
+    }
+
+    fn count(&self, op: Op, key: &str) -> Result<()> {
         let mut faults = self.faults.lock();
         let n = {
             let n = faults.calls.entry(op).or_insert(0);
@@ -146,6 +174,10 @@ impl KeyValueStore for TestStore {
 
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         self.enter(Op::Set, key)?;
+        let gate = self.faults.lock().set_gate.clone();
+        if let Some(gate) = gate {
+            let _ = gate.recv();
+        }
         self.inner.set(key, value)
     }
 

@@ -193,6 +193,11 @@ impl ReceiveTracker {
         self.receives.lock().len()
     }
 
+    /// Deadline timers still armed (0 once every receive is retired).
+    pub fn deadline_timers_pending(&self) -> usize {
+        self.timer.as_ref().map_or(0, DeadlineTimer::pending)
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
