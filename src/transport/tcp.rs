@@ -9,6 +9,7 @@
 //! sender -> receiver: request header (wire.rs), then `length` payload bytes
 //! receiver -> sender: response (OK, or error code + message)
 //! ```
+mod admission;
 mod receive_server;
 mod send;
 mod socket;

@@ -1,37 +1,54 @@
-//! `TcpReceiveServer`: the receiver's end of the TCP transport. One accept
-//! thread hands connections to a fixed pool of handler threads (bounded
-//! queue, so a flood of connections waits in the listen backlog instead of
-//! spawning threads). Each connection carries one transfer: the handler
-//! checks the token (constant time) and the bounds, receives the payload
-//! straight into the registered destination, and acks.
+//! `TcpReceiveServer`: the receiver's end of the TCP transport. Each
+//! connection carries one transfer. The front door (admission.rs, one
+//! thread) accepts connections, reads their request header under one
+//! deadline counted from accept, checks the token (constant time) and the
+//! bounds, and answers refusals itself; only an authenticated connection is
+//! queued for the fixed pool of handler threads, which receive the payload
+//! straight into the registered destination and ack. So unauthenticated
+//! peers, slow or silent, never hold a handler thread.
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use super::socket::{is_timeout, recv_exact_into, set_large_buffers};
-use super::wire::{encode_response, RequestHeader, REQUEST_HEADER_LEN};
+use super::admission::{Admission, Admitted};
+use super::socket::{is_timeout, recv_exact_into};
+use super::wire::encode_response;
 use crate::status::{self, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
 
 #[derive(Clone, Debug)]
 pub struct TcpServerConfig {
-    /// Connections served at once; more wait in the listen backlog.
+    /// Authenticated transfers received at once; more wait in a queue.
     pub handler_threads: usize,
-    /// Bound on every blocking read or write of a connection; a stalled or
-    /// dead peer costs at most this long per operation.
+    /// Time a connection has, from accept, to deliver its whole request
+    /// header and be authenticated (and, when refused, to take its answer).
+    /// Past it the server closes the connection. Until authenticated a
+    /// connection holds no handler thread, only a slot among
+    /// `max_pending_connections`. Default 5 s: a sender writes the 56-byte
+    /// header as soon as it is connected, so it needs one trip of a small
+    /// segment, and 5 s still covers two retransmissions of a lost one
+    /// (Linux starts the retransmission timeout at 1 s, then doubles it);
+    /// yet a peer that never authenticates gives its slot back quickly.
+    pub header_deadline: Duration,
+    /// Unauthenticated connections kept waiting for their header at once;
+    /// beyond this the oldest is closed (see admission.rs for why the oldest).
+    pub max_pending_connections: usize,
+    /// Bound on every blocking read or write of an authenticated
+    /// connection's payload and ack; a stalled or dead sender costs at most
+    /// this long per operation, a slow but steady one is fine.
     pub io_timeout: Duration,
     /// After refusing a request, up to this many payload bytes are read and
-    /// discarded so the sender can still read the refusal; beyond it the
-    /// connection is simply closed.
+    /// discarded (within `header_deadline`) so the sender can still read the
+    /// refusal; beyond it the connection is simply closed.
     pub max_discard_bytes: u64,
 }
 
@@ -39,6 +56,8 @@ impl Default for TcpServerConfig {
     fn default() -> TcpServerConfig {
         TcpServerConfig {
             handler_threads: 4,
+            header_deadline: Duration::from_secs(5),
+            max_pending_connections: 256,
             io_timeout: Duration::from_secs(30),
             max_discard_bytes: 64 << 20,
         }
@@ -51,16 +70,21 @@ impl Default for TcpServerConfig {
 /// published. Memory stays valid while a write is in flight because handlers
 /// hold their own `Arc` clone.
 #[derive(Default)]
-struct Registry {
+pub(super) struct Registry {
     destinations: Mutex<HashMap<AuthToken, Arc<dyn WritableDestination>>>,
 }
 
 impl Registry {
-    fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
+    pub(super) fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
         // `AuthToken`'s equality is the constant-time compare, and the map's
         // hasher is randomly keyed, so lookup timing reveals nothing useful
         // about registered tokens.
         self.destinations.lock().remove(token)
+    }
+
+    /// Puts back a destination claimed by a request that wrote nothing.
+    pub(super) fn restore(&self, token: AuthToken, destination: Arc<dyn WritableDestination>) {
+        self.destinations.lock().insert(token, destination);
     }
 }
 
@@ -74,11 +98,12 @@ struct ActiveConnections {
 
 pub struct TcpReceiveServer {
     local_addr: SocketAddr,
-    listener: Arc<TcpListener>,
     registry: Arc<Registry>,
     active: Arc<ActiveConnections>,
     stopping: Arc<AtomicBool>,
-    accept_thread: Option<JoinHandle<()>>,
+    /// Dropping it wakes the front door to shut down.
+    wake: Option<UnixStream>,
+    admission_thread: Option<JoinHandle<()>>,
     handler_threads: Vec<JoinHandle<()>>,
 }
 
@@ -93,6 +118,16 @@ impl TcpReceiveServer {
                 "TcpServerConfig.handler_threads must be at least 1",
             ));
         }
+        if config.max_pending_connections == 0 {
+            return Err(status::invalid_argument(
+                "TcpServerConfig.max_pending_connections must be at least 1",
+            ));
+        }
+        if config.header_deadline.is_zero() {
+            return Err(status::invalid_argument(
+                "TcpServerConfig.header_deadline must be positive",
+            ));
+        }
         let listener = TcpListener::bind(addr).map_err(|error| {
             status::unavailable(format!(
                 "cannot bind TCP transfer server to {addr}: {error}"
@@ -101,41 +136,55 @@ impl TcpReceiveServer {
         let local_addr = listener.local_addr().map_err(|error| {
             status::internal(format!("TCP transfer server has no local address: {error}"))
         })?;
-        let listener = Arc::new(listener);
+        listener.set_nonblocking(true).map_err(|error| {
+            status::internal(format!(
+                "cannot make the TCP transfer server's listener nonblocking: {error}"
+            ))
+        })?;
+        let (wake, woken) = UnixStream::pair().map_err(|error| {
+            status::internal(format!(
+                "cannot create the TCP transfer server's wake-up socket: {error}"
+            ))
+        })?;
         let registry = Arc::new(Registry::default());
         let active = Arc::new(ActiveConnections::default());
         let stopping = Arc::new(AtomicBool::new(false));
-        let (connections, queued) = crossbeam_channel::bounded::<TcpStream>(config.handler_threads);
+        let (admitted, queued) = crossbeam_channel::unbounded::<Admitted>();
 
+        // From here on, returning early drops `wake` and `admitted`, which
+        // stops whatever threads were already started.
         let mut handler_threads = Vec::with_capacity(config.handler_threads);
         for index in 0..config.handler_threads {
             let queued = queued.clone();
-            let registry = registry.clone();
             let active = active.clone();
             let stopping = stopping.clone();
             let config = config.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("crosshost-tcp-recv-{index}"))
-                .spawn(move || serve_connections(queued, &registry, &active, &stopping, &config))
+                .spawn(move || serve_connections(queued, &active, &stopping, &config))
                 .map_err(|error| status::internal(format!("cannot spawn TCP handler: {error}")))?;
             handler_threads.push(handle);
         }
-        let accept_thread = {
-            let listener = listener.clone();
-            let stopping = stopping.clone();
-            std::thread::Builder::new()
-                .name("crosshost-tcp-accept".into())
-                .spawn(move || accept_connections(&listener, &stopping, connections))
-                .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?
-        };
+        let admission = Admission::new(
+            listener,
+            woken,
+            stopping.clone(),
+            registry.clone(),
+            config,
+            admitted,
+        );
+        let admission_thread = std::thread::Builder::new()
+            .name("crosshost-tcp-accept".into())
+            .spawn(move || admission.run())
+            .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?;
         log::info!("TCP transfer server listening on {local_addr}");
         Ok(TcpReceiveServer {
             local_addr,
-            listener,
             registry,
             active,
             stopping,
-            accept_thread: Some(accept_thread),
+            wake: Some(wake),
+            admission_thread: Some(admission_thread),
             handler_threads,
         })
     }
@@ -177,11 +226,11 @@ impl TcpReceiveServer {
 impl Drop for TcpReceiveServer {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // SAFETY: the listener is kept alive by our own `Arc`, so the
-        // descriptor is valid; shutting down a listening socket makes the
-        // acceptor's blocked `accept` return with an error.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        if let Some(thread) = self.accept_thread.take() {
+        // Closing our end makes the front door's poll return; it then closes
+        // the listener and every unauthenticated connection, and drops the
+        // queue's sender, which ends the handlers' loops.
+        drop(self.wake.take());
+        if let Some(thread) = self.admission_thread.take() {
             let _ = thread.join();
         }
         for stream in self.active.streams.lock().values() {
@@ -194,42 +243,13 @@ impl Drop for TcpReceiveServer {
     }
 }
 
-fn accept_connections(
-    listener: &TcpListener,
-    stopping: &AtomicBool,
-    connections: Sender<TcpStream>,
-) {
-    loop {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                if stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                log::debug!("TCP transfer connection from {peer}");
-                if connections.send(stream).is_err() {
-                    return;
-                }
-            }
-            Err(error) => {
-                if stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                log::warn!("TCP transfer server accept failed: {error}");
-                // Out of descriptors and similar: back off instead of spinning.
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-}
-
 fn serve_connections(
-    queued: Receiver<TcpStream>,
-    registry: &Registry,
+    queued: Receiver<Admitted>,
     active: &ActiveConnections,
     stopping: &AtomicBool,
     config: &TcpServerConfig,
 ) {
-    for stream in queued {
+    for transfer in queued {
         let id = active.next_id.fetch_add(1, Ordering::Relaxed);
         {
             // Checked under the lock that shutdown also takes: a connection is
@@ -238,72 +258,29 @@ fn serve_connections(
             if stopping.load(Ordering::SeqCst) {
                 continue;
             }
-            if let Ok(clone) = stream.try_clone() {
+            if let Ok(clone) = transfer.stream.try_clone() {
                 streams.insert(id, clone);
             }
         }
-        let peer = stream
-            .peer_addr()
-            .map(|addr| addr.to_string())
-            .unwrap_or_else(|_| "<unknown peer>".into());
-        if let Err(error) = serve_one(&stream, registry, config) {
-            log::warn!("TCP transfer from {peer} failed: {error}");
+        if let Err(error) = serve_one(&transfer, config) {
+            log::warn!("TCP transfer from {} failed: {error}", transfer.peer);
         }
         active.streams.lock().remove(&id);
     }
 }
 
-/// Serves one transfer. Errors returned here are connection-level problems
-/// (already answered to the peer where possible) for the log.
-fn serve_one(stream: &TcpStream, registry: &Registry, config: &TcpServerConfig) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(config.io_timeout))?;
-    stream.set_write_timeout(Some(config.io_timeout))?;
-    set_large_buffers(stream);
-
-    let mut header_bytes = [0u8; REQUEST_HEADER_LEN];
-    (&*stream).read_exact(&mut header_bytes)?;
-    let header = match RequestHeader::decode(&header_bytes) {
-        Ok(header) => header,
-        Err(error) => {
-            // Not our protocol: answer and close without reading further.
-            (&*stream).write_all(&encode_response(&Err(error)))?;
-            return Ok(());
-        }
-    };
-    let Some(destination) = registry.claim(&header.token) else {
-        return refuse(
-            stream,
-            status::unauthenticated(
-                "no destination is registered for this auth token (unknown, or the receive already completed or was cancelled)",
-            ),
-            header.length,
-            config,
-        );
-    };
-    let end = header.offset.checked_add(header.length);
-    if end.is_none_or(|end| end > destination.len() as u64) {
-        // Nothing was written: the rightful sender may still use the token.
-        registry
-            .destinations
-            .lock()
-            .insert(header.token, destination.clone());
-        let message = format!(
-            "write of {} bytes at offset {} exceeds the {}-byte destination",
-            header.length,
-            header.offset,
-            destination.len()
-        );
-        return refuse(stream, status::out_of_range(message), header.length, config);
-    }
-    let (offset, length) = (header.offset as usize, header.length as usize);
-    // SAFETY: `offset + length <= destination.len()` was checked above and
+/// Receives one authenticated transfer's payload and acks it. Errors
+/// returned here are connection-level problems (already answered to the
+/// peer where possible) for the log.
+fn serve_one(transfer: &Admitted, config: &TcpServerConfig) -> io::Result<()> {
+    let stream = &transfer.stream;
+    // SAFETY: admission checked `offset + length <= destination.len()`, and
     // `destination` (an `Arc` clone held for the whole call) keeps its memory
     // valid and writable under the `WritableDestination` contract; no Rust
     // reference covers that memory.
     let received = unsafe {
-        let target = destination.as_mut_ptr().add(offset);
-        recv_exact_into(stream, target, length)
+        let target = transfer.destination.as_mut_ptr().add(transfer.offset);
+        recv_exact_into(stream, target, transfer.length)
     };
     match received {
         Ok(()) => (&*stream).write_all(&encode_response(&Ok(()))),
@@ -318,20 +295,4 @@ fn serve_one(stream: &TcpStream, registry: &Registry, config: &TcpServerConfig) 
             Err(error)
         }
     }
-}
-
-/// Answers with an error, then reads and discards the payload (up to the
-/// configured bound) so that the sender gets to read the answer instead of
-/// a connection reset.
-fn refuse(
-    stream: &TcpStream,
-    verdict: status::Status,
-    payload_length: u64,
-    config: &TcpServerConfig,
-) -> io::Result<()> {
-    log::warn!("refusing TCP transfer: {verdict}");
-    (&*stream).write_all(&encode_response(&Err(verdict)))?;
-    let discard = payload_length.min(config.max_discard_bytes);
-    io::copy(&mut stream.take(discard), &mut io::sink())?;
-    Ok(())
 }

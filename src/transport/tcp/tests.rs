@@ -1,7 +1,8 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::wire::{read_response, RequestHeader};
 use super::*;
@@ -27,6 +28,26 @@ fn server_with(handler_threads: usize, io_timeout: Duration) -> TcpReceiveServer
         TcpServerConfig {
             handler_threads,
             io_timeout,
+            ..TcpServerConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A server whose unauthenticated connections get `header_deadline`.
+fn guarded_server(
+    handler_threads: usize,
+    io_timeout: Duration,
+    header_deadline: Duration,
+    max_pending_connections: usize,
+) -> TcpReceiveServer {
+    TcpReceiveServer::bind_with(
+        loopback(),
+        TcpServerConfig {
+            handler_threads,
+            io_timeout,
+            header_deadline,
+            max_pending_connections,
             ..TcpServerConfig::default()
         },
     )
@@ -301,4 +322,258 @@ fn transfers_into_shared_memory_destinations() {
     let mut seen = [0u8; 7];
     region.read_at(100, &mut seen).unwrap();
     assert_eq!(&seen, b"via tcp");
+}
+
+/// How soon after connecting an attacker must see the server close its
+/// connection (the tests' header deadline is far shorter).
+const CLOSED_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long an attacker keeps at it unless the server closes its
+/// connection: beyond the legitimate transfer's deadline, so that transfer
+/// cannot succeed merely because the attack stopped.
+const ATTACK_LASTS: Duration = Duration::from_secs(15);
+
+/// What an attacking connection saw.
+struct Trickled {
+    /// Since connecting; `None` if the server still had not closed it after
+    /// `ATTACK_LASTS`.
+    closed_after: Option<Duration>,
+    /// Whatever the server wrote to it.
+    answer: Vec<u8>,
+}
+
+/// An attacker: connects, sends the first `opening` bytes of `script` at
+/// once, then the rest one byte every `pace`, then zeros at that pace, for
+/// as long as the server keeps the connection open (at most
+/// `ATTACK_LASTS`). Signals `started` once
+/// the opening is sent.
+fn trickle(
+    endpoint: SocketAddr,
+    script: Vec<u8>,
+    opening: usize,
+    pace: Duration,
+    started: crossbeam_channel::Sender<()>,
+) -> JoinHandle<Trickled> {
+    std::thread::spawn(move || {
+        let stream = TcpStream::connect(endpoint).unwrap();
+        let connected = Instant::now();
+        (&stream).write_all(&script[..opening]).unwrap();
+        started.send(()).unwrap();
+        // The attacker's pause between bytes is a read with a timeout, so a
+        // close is noticed the moment it happens.
+        stream.set_read_timeout(Some(pace)).unwrap();
+        let mut rest = script[opening..]
+            .iter()
+            .copied()
+            .chain(std::iter::repeat(0));
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while connected.elapsed() < ATTACK_LASTS {
+            let closed = match (&stream).read(&mut buffer) {
+                Ok(0) => true,
+                Ok(count) => {
+                    answer.extend_from_slice(&buffer[..count]);
+                    continue;
+                }
+                Err(error) => !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            };
+            if closed || (&stream).write_all(&[rest.next().unwrap()]).is_err() {
+                return Trickled {
+                    closed_after: Some(connected.elapsed()),
+                    answer,
+                };
+            }
+        }
+        Trickled {
+            closed_after: None,
+            answer,
+        }
+    })
+}
+
+/// A well-formed header with a token nobody registered, announcing a
+/// payload that never ends.
+fn forged_header() -> Vec<u8> {
+    RequestHeader {
+        token: AuthToken::generate().unwrap(),
+        offset: 0,
+        length: u64::MAX,
+    }
+    .encode()
+    .to_vec()
+}
+
+/// Starts `count` attackers and returns once each has sent its opening.
+fn attack(
+    server: &TcpReceiveServer,
+    count: usize,
+    opening: usize,
+    pace: Duration,
+) -> Vec<JoinHandle<Trickled>> {
+    let (started, opened) = crossbeam_channel::unbounded();
+    let attackers: Vec<_> = (0..count)
+        .map(|_| {
+            trickle(
+                server.local_addr(),
+                forged_header(),
+                opening,
+                pace,
+                started.clone(),
+            )
+        })
+        .collect();
+    for _ in 0..count {
+        opened.recv_timeout(TIMEOUT).expect("attacker connected");
+    }
+    attackers
+}
+
+/// A legitimate transfer, bounded by `TIMEOUT`, lands intact.
+fn assert_transfer_completes(server: &TcpReceiveServer) {
+    let len = 1 << 20;
+    let (token, destination) = registered(server, len);
+    let payload = pattern(len, 3);
+    let started = Instant::now();
+    tcp_send(server.local_addr(), &token, 0, &payload, TIMEOUT).unwrap_or_else(|error| {
+        panic!(
+            "legitimate transfer failed after {:?}: {error}",
+            started.elapsed()
+        )
+    });
+    assert_eq!(destination.to_vec(), payload);
+}
+
+fn assert_closed_by_server(attackers: Vec<JoinHandle<Trickled>>) -> Vec<Trickled> {
+    attackers
+        .into_iter()
+        .map(|attacker| {
+            let seen = attacker.join().unwrap();
+            let after = seen
+                .closed_after
+                .expect("the server never closed an unauthenticated connection");
+            assert!(after < CLOSED_WITHIN, "closed only after {after:?}");
+            seen
+        })
+        .collect()
+}
+
+#[test]
+fn trickling_unauthenticated_connections_hold_no_handler() {
+    // Three times as many attackers as handlers, each sending its header a
+    // byte at a time (5.6 s for the header, then a payload that never ends),
+    // so a read timeout that restarts with every byte never fires.
+    let server = guarded_server(2, Duration::from_secs(1), Duration::from_millis(300), 256);
+    let attackers = attack(&server, 6, 8, Duration::from_millis(100));
+    assert_transfer_completes(&server);
+    for seen in assert_closed_by_server(attackers) {
+        assert!(
+            seen.answer.is_empty(),
+            "nothing is answered to a partial header"
+        );
+    }
+}
+
+#[test]
+fn silent_connections_do_not_delay_transfers() {
+    let server = guarded_server(2, Duration::from_secs(1), Duration::from_millis(300), 256);
+    let opened = Instant::now();
+    let silent: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+        .collect();
+    assert_transfer_completes(&server);
+    for stream in &silent {
+        stream.set_read_timeout(Some(CLOSED_WITHIN)).unwrap();
+        let mut byte = [0u8; 1];
+        match (&*stream).read(&mut byte) {
+            Ok(0) => {}
+            Ok(_) => panic!("a silent connection was answered"),
+            Err(error) => assert!(
+                !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "a silent connection stayed open: {error}"
+            ),
+        }
+    }
+    assert!(opened.elapsed() < CLOSED_WITHIN, "{:?}", opened.elapsed());
+}
+
+#[test]
+fn refused_connections_hold_no_handler() {
+    // Full headers with tokens nobody registered, then the announced
+    // payload trickles: each is refused, and discarding its payload must
+    // not tie up the only handler either.
+    let server = guarded_server(1, Duration::from_secs(1), Duration::from_millis(300), 256);
+    let attackers = attack(
+        &server,
+        3,
+        super::REQUEST_HEADER_LEN,
+        Duration::from_millis(100),
+    );
+    assert_transfer_completes(&server);
+    for seen in assert_closed_by_server(attackers) {
+        let verdict = read_response(&mut &seen.answer[..])
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(verdict.code, Code::Unauthenticated, "{verdict}");
+    }
+}
+
+#[test]
+fn beyond_the_pending_cap_the_oldest_unauthenticated_connections_are_closed() {
+    // A header deadline the test never reaches: only the cap closes them.
+    let server = guarded_server(1, TIMEOUT, Duration::from_secs(60), 4);
+    let silent: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+        .collect();
+    let (report, reports) = crossbeam_channel::unbounded();
+    for stream in &silent {
+        let stream = stream.try_clone().unwrap();
+        let report = report.clone();
+        std::thread::spawn(move || {
+            stream.set_read_timeout(Some(CLOSED_WITHIN)).unwrap();
+            let mut byte = [0u8; 1];
+            let closed = match (&stream).read(&mut byte) {
+                Ok(count) => count == 0,
+                Err(error) => !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            };
+            let _ = report.send(closed);
+        });
+    }
+    let mut closed = 0;
+    while closed < 4 {
+        let was_closed = reports
+            .recv_timeout(CLOSED_WITHIN + Duration::from_secs(1))
+            .unwrap();
+        assert!(was_closed, "fewer than 4 of 8 connections were evicted");
+        closed += 1;
+    }
+    assert_transfer_completes(&server);
+}
+
+#[test]
+fn pre_authentication_limits_must_be_positive() {
+    for config in [
+        TcpServerConfig {
+            header_deadline: Duration::ZERO,
+            ..TcpServerConfig::default()
+        },
+        TcpServerConfig {
+            max_pending_connections: 0,
+            ..TcpServerConfig::default()
+        },
+    ] {
+        let error = TcpReceiveServer::bind_with(loopback(), config)
+            .err()
+            .unwrap();
+        assert_eq!(error.code, Code::InvalidArgument, "{error}");
+    }
 }
