@@ -1,11 +1,14 @@
 # pjrt-crosshost — the commands a person (and CI) runs. See README.md.
 #   make demo   the main job: build the plugin and run the benchmark
 #   make test   every test (scripts/test.sh): cargo tests, python_tests on both
-#               backends, the JAX tests on JAX 0.10.2 and 0.12
+#               backends, the JAX tests on JAX 0.10.2 and 0.12, fuzz corpus
+#   make bench-jax  the JAX-level benchmark (crosshost vs JAX's own path)
+#   make fuzz       1,000,000 executions of every fuzz target
+#   make sanitize   the Rust tests under ASan/LSan (nightly)
 PYTHON ?= python3
 LIB := $(CURDIR)/target/release/libpjrt_crosshost.so
 
-.PHONY: setup build test demo lint
+.PHONY: setup build test demo lint bench-jax fuzz sanitize
 
 setup:
 	scripts/setup.sh
@@ -22,3 +25,12 @@ demo: setup build
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+
+bench-jax: setup build
+	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/jax_device_put.py
+
+fuzz: setup
+	FUZZ_RUNS=1000000 FUZZ_GROW_CORPUS=1 scripts/fuzz-short.sh
+
+sanitize: setup
+	scripts/sanitize.sh

@@ -5,7 +5,10 @@
 #      delegated JAX scenarios;
 #   3. the transfer and lifecycle tests again, delegating to the default
 #      compute plugin (XLA's CPU plugin), so both backends run them;
-#   4. the JAX tests with Python 3.12 and JAX 0.12.0.1, when setup found one.
+#   4. the JAX tests with Python 3.12 and JAX 0.12.0.1, when setup found one;
+#   5. the fuzz targets: the committed corpus and found inputs replayed on
+#      stable (cargo test in fuzz/), then a few seconds of libFuzzer on each
+#      target (scripts/fuzz-short.sh; nightly, skipped without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,3 +44,9 @@ if [ -n "$python312" ] && [ -x "$python312" ]; then
 else
   echo "SKIPPED: JAX 0.12 tests: no Python 3.12 (scripts/setup.sh looks for pyenv's 3.12.1 or \$PYTHON312)"
 fi
+
+step "fuzz corpus replay (cargo test in fuzz/)"
+(cd fuzz && cargo test --release --quiet)
+
+step "short fuzzing run (scripts/fuzz-short.sh)"
+scripts/fuzz-short.sh
