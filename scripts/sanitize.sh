@@ -3,8 +3,8 @@
 # on Linux x86_64): cargo +nightly test with -Zsanitizer=address, in its own
 # target directory (target/asan) so the normal build is untouched.
 #
-#   scripts/sanitize.sh                  lib tests + the lifecycle and batch
-#                                        integration tests
+#   scripts/sanitize.sh                  lib tests + the lifecycle, batch, KV-fault
+#                                        and process-report integration tests
 #   scripts/sanitize.sh --all            every test target
 #
 # Needs the nightly toolchain; without it prints SKIPPED and exits 0. A
@@ -31,7 +31,7 @@ args=(--target "$target" --target-dir target/asan --release)
 if [ "${1:-}" = "--all" ]; then
   tests=(--lib --bins --tests)
 else
-  tests=(--lib --test lifecycle --test batch_order --test process_reports)
+  tests=(--lib --test lifecycle --test batch_order --test kv_faults --test process_reports)
 fi
 echo "sanitize: cargo +nightly test ${tests[*]} under AddressSanitizer + LeakSanitizer ($target)"
 cargo +nightly test "${args[@]}" "${tests[@]}" 2>&1 | tee target/sanitize.log | grep -E "^test result|ERROR: (Address|Leak)Sanitizer|^failures:|FAILED" || true

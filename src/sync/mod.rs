@@ -1,4 +1,5 @@
 //! Synchronisation primitives shared by every layer.
+pub mod kill_points;
 pub mod metrics;
 pub mod promise;
 pub mod runner;

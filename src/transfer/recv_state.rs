@@ -467,6 +467,7 @@ impl ReceiveTracker {
     /// once every delete answered.
     fn retire(self: &Arc<Self>, rx: &Arc<Receive>) {
         self.cancel_deadline(rx);
+        crate::sync::kill_points::reached(crate::sync::kill_points::RECEIVER_BEFORE_DELETE);
         let tracker = Arc::downgrade(self);
         let retiring = rx.clone();
         self.delete_keys(rx, move |failure| {

@@ -26,7 +26,7 @@ use super::session::Session;
 use crate::backend::{Allocation, DevicePlacement};
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
-use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
+use crate::sync::{kill_points, AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::ClaimRange;
 use crate::transport::host_identity::HostIdentity;
@@ -495,6 +495,7 @@ impl TransferService {
                     }
                 }),
             );
+            kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
         }
         Ok((
             ReceiveDestination {
@@ -653,6 +654,7 @@ impl TransferService {
             let copies = service.copies.clone();
             let copy = move || {
                 crate::timeline!("send to {}: copy starts", descriptor.completion_key);
+                kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
                 let copied = match defined {
                     Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
                     Err(status) => Err(CopyError::Failed(status)),
@@ -710,6 +712,9 @@ impl TransferService {
             &descriptor.completion_key,
             &receipt.encode(),
             Box::new(move |outcome| {
+                if outcome.is_ok() {
+                    kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
+                }
                 done(outcome.map_err(|e| {
                     log::error!("setting completion key {key}: {e}");
                     Status::new(
@@ -763,6 +768,12 @@ impl TransferService {
                 // Straight into the mapping: a host source is one memcpy, a
                 // compute plugin's buffer is read back into it directly.
                 let offset = descriptor.offset as usize;
+                if kill_points::armed(kill_points::SENDER_MID_COPY) && len > 1 {
+                    // Half the bytes in, then the test kills this process.
+                    let half = len as usize / 2;
+                    region.fill_at(offset, half, |dst| source.memory.read(0, dst))?;
+                    kill_points::reached(kill_points::SENDER_MID_COPY);
+                }
                 Ok(region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?)
             }
             AllocationHandle::Tcp { endpoint } => source

@@ -33,7 +33,12 @@ impl ControlHandler for Recorder {
     }
 }
 
-fn server(secret: Secret, config: ControlConfig) -> (Arc<Recorder>, ControlServer) {
+/// The recorder, the server, and the handler the server holds weakly (kept
+/// by the test for as long as the server runs).
+fn server(
+    secret: Secret,
+    config: ControlConfig,
+) -> (Arc<Recorder>, ControlServer, Arc<dyn ControlHandler>) {
     let recorder = Arc::new(Recorder::default());
     let handler: Arc<dyn ControlHandler> = recorder.clone();
     let server = ControlServer::start(
@@ -43,9 +48,7 @@ fn server(secret: Secret, config: ControlConfig) -> (Arc<Recorder>, ControlServe
         config,
     )
     .unwrap();
-    // The handler lives as long as the recorder (the server holds it weakly).
-    std::mem::forget(handler);
-    (recorder, server)
+    (recorder, server, handler)
 }
 
 fn eventually(what: &str, mut done: impl FnMut() -> bool) {
@@ -59,7 +62,7 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 fn requests_over_unix_and_tcp_reach_the_handler_before_they_return() {
     let secret = Secret::generate().unwrap();
-    let (recorder, server) = server(secret, ControlConfig::default());
+    let (recorder, server, _handler) = server(secret, ControlConfig::default());
     for same_host in [true, false] {
         let link = ControlLink::connect(
             0,
@@ -123,7 +126,8 @@ fn requests_over_unix_and_tcp_reach_the_handler_before_they_return() {
 
 #[test]
 fn a_peer_without_the_secret_is_refused_and_reaches_nothing() {
-    let (recorder, server) = server(Secret::generate().unwrap(), ControlConfig::default());
+    let (recorder, server, _handler) =
+        server(Secret::generate().unwrap(), ControlConfig::default());
     let wrong = Secret::generate().unwrap();
     let err = ControlLink::connect(
         0,
@@ -148,7 +152,7 @@ fn a_silent_or_trickling_peer_is_closed_at_the_hello_deadline() {
         hello_timeout: Duration::from_millis(300),
         ..ControlConfig::default()
     };
-    let (_recorder, server) = server(Secret::generate().unwrap(), config);
+    let (_recorder, server, _handler) = server(Secret::generate().unwrap(), config);
     let addr = UnixAddr::from_abstract_name(server.endpoint().unix_name.as_bytes()).unwrap();
     let _silent = UnixStream::connect_addr(&addr).unwrap();
     let mut trickle = UnixStream::connect_addr(&addr).unwrap();
@@ -182,7 +186,7 @@ fn connections_beyond_the_bound_are_refused_without_blocking_the_others() {
         ..ControlConfig::default()
     };
     let secret = Secret::generate().unwrap();
-    let (_recorder, server) = server(secret, config);
+    let (_recorder, server, _handler) = server(secret, config);
     let addr = UnixAddr::from_abstract_name(server.endpoint().unix_name.as_bytes()).unwrap();
     let _a = UnixStream::connect_addr(&addr).unwrap();
     let _b = UnixStream::connect_addr(&addr).unwrap();
@@ -208,7 +212,7 @@ fn connections_beyond_the_bound_are_refused_without_blocking_the_others() {
 #[test]
 fn a_closed_link_is_reported_and_its_waiting_requests_fail_at_once() {
     let secret = Secret::generate().unwrap();
-    let (recorder, server) = server(secret, ControlConfig::default());
+    let (recorder, server, _handler) = server(secret, ControlConfig::default());
     let (closed_tx, closed_rx) = crossbeam_channel::unbounded();
     let on_closed: LinkClosed = Arc::new(move |peer| {
         let _ = closed_tx.send(peer);
