@@ -192,6 +192,9 @@ impl TransferService {
         session: Session,
         config: TransferConfig,
     ) -> Arc<Self> {
+        // Shared memory of processes that died without unlinking it goes
+        // before this client adds its own (once per process).
+        crate::transport::shm_reaper::reap_dead_owners_once();
         let metrics = Arc::new(Metrics::new());
         let runner = Arc::new(AsyncWorkRunner::new(
             "crosshost-lifecycle",

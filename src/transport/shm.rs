@@ -7,8 +7,8 @@
 //! sender.
 //!
 //! Names outlive a process that dies without unlinking them (SIGKILL,
-//! `_exit`, a fatal error); the owner tag in the name is what lets them be
-//! told from a live process's objects afterwards.
+//! `_exit`, a fatal error); the owner tag in the name is what lets
+//! `shm_reaper` remove them afterwards (docs/DESIGN.md §6).
 use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -416,6 +416,7 @@ fn create_unique_object() -> Result<(String, OwnedFd)> {
     // 128 random bits make a collision practically impossible; retry a few
     // times anyway rather than fail on one.
     let owner = ShmOwner::current()?;
+    super::shm_reaper::ensure_watchdog(&owner);
     for _ in 0..4 {
         let name = shm_name(&owner, &random_hex(SHM_NAME_RANDOM_HEX_LEN / 2)?);
         let c_name = CString::new(name.as_str()).expect("hex names contain no NUL");
@@ -511,7 +512,7 @@ fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
     Ok(stat.st_size.max(0) as u64)
 }
 
-fn unlink_name(name: &str) -> Result<()> {
+pub(super) fn unlink_name(name: &str) -> Result<()> {
     let c_name = CString::new(name).expect("validated names contain no NUL");
     // SAFETY: `c_name` is a valid NUL-terminated string for the call.
     if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {
