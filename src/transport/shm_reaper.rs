@@ -21,7 +21,9 @@
 //! killed together with the process, e.g. SIGKILL to the whole process
 //! group or cgroup), the dead process's objects stay in `/dev/shm` until
 //! the next process of this plugin creates a client on the host. Unlinking
-//! frees the memory once no process maps it any more.
+//! frees the memory once no process maps it any more; a sender that mapped
+//! a dead receiver's pooled segment drops its mapping at its next send to a
+//! destination on this host (`transfer/service.rs`).
 use std::ffi::OsStr;
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
