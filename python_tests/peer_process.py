@@ -147,7 +147,28 @@ def idle_peer(api, xh, client, ch):
     time.sleep(120)  # the test SIGKILLs us
 
 
-SCENARIOS = {"v2": v2_peer, "v1": v1_peer, "idle": idle_peer, "send_on_go": send_on_go_peer}
+DOOMED_SPEC = th.spec(BT.U8, 4096)
+DOOMED_KEY = 77
+
+
+def receive_then_idle_peer(api, xh, client, ch):
+    """Posts one receive (DOOMED_SPEC, key DOOMED_KEY) from node 0's first
+    device into this node's first device, says "posted", then idles until
+    the test SIGKILLs it."""
+    d2 = client.addressable_devices()[0]
+    bufs = xh.receive(client, d2, [DOOMED_SPEC], [th.device_ids(client, 0)[0]], [DOOMED_KEY])
+    ch.put("posted", b"1")
+    idle_peer(api, xh, client, ch)
+    del bufs
+
+
+SCENARIOS = {
+    "v2": v2_peer,
+    "v1": v1_peer,
+    "idle": idle_peer,
+    "send_on_go": send_on_go_peer,
+    "receive_then_idle": receive_then_idle_peer,
+}
 
 
 def main(cfg: dict) -> int:

@@ -55,7 +55,9 @@ def server():
 class Job:
     """Node 0 here + node 1 in a child process, sharing ``server``."""
 
-    def __init__(self, api, server, scenario, options=None, with_delete=True, store="callbacks"):
+    def __init__(
+        self, api, server, scenario, options=None, with_delete=True, store="callbacks", env=None
+    ):
         options = dict(options or {})
         if store == "callbacks":
             options.setdefault("kv_store", "callbacks")
@@ -82,6 +84,7 @@ class Job:
             stdout=subprocess.DEVNULL,
             stderr=self.err,
             cwd=HERE,
+            env=dict(os.environ, **(env or {})),
         )
         opts = peer.client_options(0, 2, self.session, options)
         (self.client,) = th.create_concurrently(
@@ -370,6 +373,61 @@ def test_receiver_process_killed_gives_the_sender_deadline_exceeded(xh, job_fact
     (ev,) = xh.send(c, [src], [th.device_ids(c, 1)[0]], [9])
     th.expect_code(th.wait_event(ev, timeout=10), EC.DEADLINE_EXCEEDED, "send event")
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("watchdog", [False, True], ids=["segment-kept", "watchdog"])
+def test_a_send_into_a_killed_receivers_shared_memory_is_unavailable_not_ok(
+    xh, job_factory, server, watchdog
+):
+    """Issue 11 item 4: the receiver posted its receive (its descriptor is in
+    the framework's store, which outlives it), then died. The sender's
+    receipt would land in a store nobody reads: the send must fail, naming
+    the receiver, instead of reporting OK. With the watchdog off the
+    receiver's segment is still in /dev/shm, so the bytes are copied first;
+    with it on, the segment may already be gone."""
+    env = {"PJRT_CROSSHOST_SHM_WATCHDOG": "1" if watchdog else "0"}
+    job = job_factory("receive_then_idle", options={"send_timeout_ms": 3000}, env=env)
+    receiver = job.proc.pid
+    c = job.client
+    try:
+        job.ch.get("posted", 30)
+        pattern = f"/{peer.DOOMED_KEY}/0"
+        published = th.poll_until(
+            lambda: [k for k in plugin_keys(server, pattern) if k.startswith("crosshost/desc/")],
+            timeout=10,
+        )
+        assert published, server.keys("crosshost/")
+        made = receiver_segments(receiver)
+        job.kill()  # SIGKILL after posting: no destroy, no goodbye
+        s = peer.DOOMED_SPEC
+        src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 5))
+        t0 = time.monotonic()
+        (ev,) = xh.send(c, [src], [th.device_ids(c, 1)[0]], [peer.DOOMED_KEY])
+        st = th.wait_event(ev, timeout=10)
+        elapsed = time.monotonic() - t0
+        th.expect_code(st, EC.UNAVAILABLE, "send into a dead receiver")
+        assert f"pid {receiver}" in str(st), st
+        assert elapsed < 3 + 2, f"{elapsed:.2f}s"
+        # No receipt was written for the dead receiver.
+        receipts = [k for k in plugin_keys(server, pattern) if k.startswith("crosshost/recv/")]
+        assert not receipts, receipts
+        assert made, f"receiver {receiver} had no shared memory: {sorted(os.listdir('/dev/shm'))}"
+    finally:
+        for name in receiver_segments(receiver):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+
+
+def receiver_segments(pid: int) -> list[str]:
+    """The /dev/shm objects process ``pid`` created
+    (``crosshost-<pid namespace>-<pid>-<start time>-<hex>``)."""
+    return [
+        n
+        for n in os.listdir("/dev/shm")
+        if n.startswith("crosshost-") and n.split("-")[2:3] == [str(pid)]
+    ]
 
 
 def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, server):

@@ -62,7 +62,7 @@ fn allocations() -> Vec<(&'static str, AllocationHandle)> {
         (
             "shm",
             AllocationHandle::SharedMemory {
-                name: "/pjrt-crosshost-0123456789abcdef0123456789abcdef".into(),
+                name: "/crosshost-4026531836-4242-987654-0123456789abcdef0123456789abcdef".into(),
             },
         ),
         (

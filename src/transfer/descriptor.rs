@@ -16,7 +16,7 @@
 //! | 2 + n | hostname (UTF-8, 1..=255 bytes) |
 //! | 2 + n | boot id (UTF-8, 1..=64 bytes) |
 //! | 4 | process id |
-//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/pjrt-crosshost-<32 hex>`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes |
+//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/crosshost-<pid namespace>-<pid>-<start time>-<32 hex>`, see `transport/shm.rs`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes |
 //! | 8 | offset of the destination inside the allocation |
 //! | 8 | byte size (offset + size must not overflow) |
 //! | 4 | element type (raw `PJRT_Buffer_Type`) |

@@ -31,7 +31,8 @@ use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::ClaimRange;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
-use crate::transport::shm::SharedRegion;
+use crate::transport::shm::{shm_name_owner, SharedRegion};
+use crate::transport::shm_owner::{OwnerWatch, ShmOwner};
 use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
 use crate::transport::tcp::{tcp_send, TcpReceiveServer};
 
@@ -140,33 +141,99 @@ pub struct SendSource {
     pub global_device_id: i32,
 }
 
-/// Other processes' pooled segments this process has mapped as a sender.
+/// Other processes' pooled segments this process has mapped as a sender,
+/// with a liveness watch of each segment's owner (the receiving process).
 /// Kept across transfers (mapping and faulting 256 MiB costs more than
-/// copying into it); bounded, least recently used first out.
-type MappedSegments = Vec<(String, Arc<SharedRegion>)>;
-static REMOTE_SEGMENTS: Lazy<Mutex<MappedSegments>> = Lazy::new(Default::default);
+/// copying into it); bounded, least recently used first out. Segments of
+/// receivers that are gone are dropped at the next lookup, so a dead
+/// receiver's memory is not kept alive by our mapping.
+struct MappedSegment {
+    name: String,
+    region: Arc<SharedRegion>,
+    receiver: Arc<OwnerWatch>,
+}
+static REMOTE_SEGMENTS: Lazy<Mutex<Vec<MappedSegment>>> = Lazy::new(Default::default);
 const REMOTE_SEGMENT_CACHE: usize = 16;
 
-/// A whole-object mapping of `name` that reaches at least `end`.
-fn mapped_segment(name: &str, end: u64) -> Result<Arc<SharedRegion>> {
-    {
+/// UNAVAILABLE for a send whose receiving process (the owner of the
+/// shared-memory object `name`) is gone.
+fn receiver_gone(function: &str, name: &str, receiver: &OwnerWatch) -> Status {
+    status::unavailable(format!(
+        "{function}: the receiving process (pid {}, owner of shared-memory region {name}) is gone; \
+         the buffer was not delivered",
+        receiver.owner().pid
+    ))
+}
+
+/// A whole-object mapping of `name` that reaches at least `end`, and the
+/// watch of its owner. UNAVAILABLE when the owner is gone.
+fn mapped_segment(
+    name: &str,
+    end: u64,
+    function: &str,
+) -> Result<(Arc<SharedRegion>, Arc<OwnerWatch>)> {
+    let owner = shm_name_owner(name)?;
+    let known = {
         let mut cache = REMOTE_SEGMENTS.lock();
-        if let Some(pos) = cache.iter().position(|(n, _)| n == name) {
+        forget_gone_receivers(&mut cache);
+        if let Some(pos) = cache.iter().position(|segment| segment.name == name) {
             let entry = cache.remove(pos);
-            if entry.1.len() as u64 >= end {
-                let region = entry.1.clone();
+            if entry.region.len() as u64 >= end {
+                let found = (entry.region.clone(), entry.receiver.clone());
                 cache.push(entry);
-                return Ok(region);
+                return Ok(found);
             }
         }
+        cache
+            .iter()
+            .find(|segment| segment.receiver.owner() == owner)
+            .map(|segment| segment.receiver.clone())
+    };
+    let watch = known.unwrap_or_else(|| Arc::new(OwnerWatch::new(owner)));
+    if watch.is_gone() {
+        return Err(receiver_gone(function, name, &watch));
     }
     let region = Arc::new(SharedRegion::open_whole(name)?);
     let mut cache = REMOTE_SEGMENTS.lock();
-    cache.push((name.to_string(), region.clone()));
+    cache.push(MappedSegment {
+        name: name.to_string(),
+        region: region.clone(),
+        receiver: watch.clone(),
+    });
     if cache.len() > REMOTE_SEGMENT_CACHE {
         cache.remove(0);
     }
-    Ok(region)
+    Ok((region, watch))
+}
+
+/// Drops the cached segments of every receiver that is gone, asking each
+/// receiver once (a pidfd poll where the kernel has pidfds).
+fn forget_gone_receivers(cache: &mut Vec<MappedSegment>) {
+    let mut gone: Vec<ShmOwner> = Vec::new();
+    let mut alive: Vec<ShmOwner> = Vec::new();
+    cache.retain(|segment| {
+        let owner = segment.receiver.owner();
+        if alive.contains(&owner) {
+            return true;
+        }
+        if gone.contains(&owner) {
+            return false;
+        }
+        let is_gone = segment.receiver.is_gone();
+        if is_gone {
+            gone.push(owner);
+        } else {
+            alive.push(owner);
+        }
+        !is_gone
+    });
+}
+
+/// Drops our mappings of a gone receiver's segments.
+fn forget_segments_of(receiver: &OwnerWatch) {
+    REMOTE_SEGMENTS
+        .lock()
+        .retain(|segment| segment.receiver.owner() != receiver.owner());
 }
 
 struct PendingEntry {
@@ -197,6 +264,9 @@ impl TransferService {
         session: Session,
         config: TransferConfig,
     ) -> Arc<Self> {
+        // Shared memory of processes that died without unlinking it goes
+        // before this client adds its own (once per process).
+        crate::transport::shm_reaper::reap_dead_owners_once();
         let metrics = Arc::new(Metrics::new());
         let runner = Arc::new(AsyncWorkRunner::new(
             "crosshost-lifecycle",
@@ -660,14 +730,28 @@ impl TransferService {
                     Err(status) => Err(CopyError::Failed(status)),
                 };
                 match copied {
-                    Ok(()) => {
+                    Ok(receiver) => {
                         service.metrics.add_bytes_sent(source.spec.byte_size as u64);
                         // Bytes first, receipt second: the receiver may read
                         // the destination as soon as it observes the key.
                         let receipt = Receipt::Ok {
                             nonce: descriptor.nonce,
                         };
+                        let name = match (&receiver, &descriptor.allocation) {
+                            (Some(_), AllocationHandle::SharedMemory { name }) => name.clone(),
+                            _ => String::new(),
+                        };
                         service.publish_receipt(&descriptor, receipt, move |outcome| {
+                            // A store nobody reads any more (the framework's,
+                            // after the receiver died) takes the receipt too:
+                            // OK only if the receiver outlived it.
+                            let outcome = match &receiver {
+                                Some(receiver) if outcome.is_ok() && receiver.is_gone() => {
+                                    forget_segments_of(receiver);
+                                    Err(receiver_gone(&function, &name, receiver))
+                                }
+                                _ => outcome,
+                            };
                             promise.set(outcome);
                         });
                     }
@@ -726,12 +810,15 @@ impl TransferService {
         );
     }
 
+    /// Writes the source into the destination. For another process's shared
+    /// memory, returns the watch of that receiving process, which was alive
+    /// after the write.
     fn copy_into_destination(
         &self,
         source: &SendSource,
         descriptor: &Descriptor,
         function: &str,
-    ) -> std::result::Result<(), CopyError> {
+    ) -> std::result::Result<Option<Arc<OwnerWatch>>, CopyError> {
         match &descriptor.allocation {
             AllocationHandle::SharedMemory { name } => {
                 if !descriptor.host.is_local()? {
@@ -741,10 +828,19 @@ impl TransferService {
                         descriptor.host.hostname
                     ))));
                 }
-                let region = match local_region(name) {
-                    Some(region) => region,
-                    None => mapped_segment(name, descriptor.offset + descriptor.byte_size)
-                        .map_err(CopyError::Refused)?,
+                // Another process's memory: also the watch of that process
+                // (a receiver that is gone gets no bytes and no receipt).
+                let (region, receiver) = match local_region(name) {
+                    Some(region) => (region, None),
+                    None => {
+                        let (region, receiver) = mapped_segment(
+                            name,
+                            descriptor.offset + descriptor.byte_size,
+                            function,
+                        )
+                        .map_err(CopyError::Refused)?;
+                        (region, Some(receiver))
+                    }
                 };
                 descriptor.check_fits_in(region.len() as u64)?;
                 // Single use: take the destination's exact range before
@@ -774,7 +870,14 @@ impl TransferService {
                     region.fill_at(offset, half, |dst| source.memory.read(0, dst))?;
                     kill_points::reached(kill_points::SENDER_MID_COPY);
                 }
-                Ok(region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?)
+                region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?;
+                if let Some(receiver) = &receiver {
+                    if receiver.is_gone() {
+                        forget_segments_of(receiver);
+                        return Err(CopyError::Refused(receiver_gone(function, name, receiver)));
+                    }
+                }
+                Ok(receiver)
             }
             AllocationHandle::Tcp { endpoint } => source
                 .memory
@@ -787,6 +890,7 @@ impl TransferService {
                         self.config.send_timeout,
                     )
                 })
+                .map(|()| None)
                 .map_err(|e| match e.code {
                     // The receiver refused the token: another sender took the
                     // destination, or the receive is over.
@@ -794,11 +898,10 @@ impl TransferService {
                     _ => CopyError::Failed(e),
                 }),
             // CUDA hook (issue #5): same-node GPU destinations.
-            AllocationHandle::CudaIpc { .. } => Ok(cuda_path::copy_to_destination(
-                &source.memory,
-                descriptor,
-                function,
-            )?),
+            AllocationHandle::CudaIpc { .. } => {
+                cuda_path::copy_to_destination(&source.memory, descriptor, function)?;
+                Ok(None)
+            }
             AllocationHandle::InProcess { .. } => {
                 Err(CopyError::Failed(status::unimplemented(format!(
                     "{function}: destination transport {:?} is not offered by this plugin",
@@ -906,3 +1009,6 @@ impl TransferService {
         future
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,6 +14,10 @@
 //!
 //! "Same host" is decided by `HostIdentity` (hostname + boot id); "same
 //! process" additionally by the process id in the descriptor.
+//!
+//! Shared-memory names carry their creator (`shm_owner`), so the objects of
+//! a process that died without unlinking them are removed (`shm_reaper`),
+//! and a sender can tell that the receiver it wrote to is gone.
 pub mod auth_token;
 pub mod claim;
 pub mod control;
@@ -22,5 +26,7 @@ pub mod destination;
 pub mod host_identity;
 pub mod random;
 pub mod shm;
+pub mod shm_owner;
 pub mod shm_pool;
+pub mod shm_reaper;
 pub mod tcp;

@@ -1,41 +1,105 @@
 //! `SharedRegion`: POSIX shared memory for same-host, cross-process
 //! destinations. The receiver `create`s a region under an unguessable name
-//! (`/pjrt-crosshost-<128 random bits in hex>`, mode 0600, `O_EXCL`), the
+//! that also says who made it (see `shm_name`; mode 0600, `O_EXCL`), the
 //! sender `open`s the window the descriptor names and writes into it. Pages
 //! are reserved with `posix_fallocate` at creation, so a full `/dev/shm` is a
 //! clean `RESOURCE_EXHAUSTED` for the receiver instead of a `SIGBUS` in the
 //! sender.
+//!
+//! Names outlive a process that dies without unlinking them (SIGKILL,
+//! `_exit`, a fatal error); the owner tag in the name is what lets
+//! `shm_reaper` remove them afterwards (docs/DESIGN.md §6).
 use std::ffi::CString;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::destination::WritableDestination;
 use super::random::random_hex;
+use super::shm_owner::ShmOwner;
 use crate::status::{self, Result, Status};
 
-pub const SHM_NAME_PREFIX: &str = "/pjrt-crosshost-";
+pub const SHM_NAME_PREFIX: &str = "/crosshost-";
 /// 128 random bits, lowercase hex.
 const SHM_NAME_RANDOM_HEX_LEN: usize = 32;
+/// Longest decimal field (`u64::MAX` has 20 digits).
+const SHM_NAME_MAX_DIGITS: usize = 20;
 
-/// Accepts exactly the names `SharedRegion::create` makes; anything else (a
-/// path, another program's object, a name with odd characters) is refused
-/// before it reaches `shm_open`.
-pub fn validate_shm_name(name: &str) -> Result<()> {
+/// The name of a new object of `owner`:
+/// `/crosshost-<pid namespace>-<pid>-<start time>-<32 lowercase hex>`, the
+/// three owner fields in decimal without leading zeros, the hex from the
+/// kernel's CSPRNG.
+pub fn shm_name(owner: &ShmOwner, random_hex: &str) -> String {
+    format!(
+        "{SHM_NAME_PREFIX}{}-{}-{}-{random_hex}",
+        owner.pid_namespace, owner.pid, owner.start_time
+    )
+}
+
+/// The prefix of every name `owner` makes (what its objects share).
+pub fn shm_name_prefix_of(owner: &ShmOwner) -> String {
+    format!(
+        "{SHM_NAME_PREFIX}{}-{}-{}-",
+        owner.pid_namespace, owner.pid, owner.start_time
+    )
+}
+
+/// The owner a name made by `shm_name` carries. Strict: exactly that
+/// format, anything else is `INVALID_ARGUMENT`.
+pub fn shm_name_owner(name: &str) -> Result<ShmOwner> {
+    let bad = || {
+        status::invalid_argument(format!(
+            "shared-memory name {name:?} must be {SHM_NAME_PREFIX:?} followed by \
+             <pid namespace>-<pid>-<start time>-<{SHM_NAME_RANDOM_HEX_LEN} lowercase hex digits> \
+             (decimal fields without leading zeros)"
+        ))
+    };
     let suffix = name.strip_prefix(SHM_NAME_PREFIX).ok_or_else(|| {
         status::invalid_argument(format!(
             "shared-memory name {name:?} does not start with {SHM_NAME_PREFIX:?}"
         ))
     })?;
-    let well_formed = suffix.len() == SHM_NAME_RANDOM_HEX_LEN
-        && suffix
+    let fields: Vec<&str> = suffix.split('-').collect();
+    let [namespace, pid, start_time, random] = fields[..] else {
+        return Err(bad());
+    };
+    let decimal = |field: &str| -> Option<u64> {
+        let canonical = !field.is_empty()
+            && field.len() <= SHM_NAME_MAX_DIGITS
+            && field.bytes().all(|c| c.is_ascii_digit())
+            && (field == "0" || !field.starts_with('0'));
+        if canonical {
+            field.parse().ok()
+        } else {
+            None
+        }
+    };
+    let random_ok = random.len() == SHM_NAME_RANDOM_HEX_LEN
+        && random
             .bytes()
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
-    if !well_formed {
-        return Err(status::invalid_argument(format!(
-            "shared-memory name {name:?} must be {SHM_NAME_PREFIX:?} followed by {SHM_NAME_RANDOM_HEX_LEN} lowercase hex digits"
-        )));
+    let (Some(namespace), Some(pid), Some(start_time)) =
+        (decimal(namespace), decimal(pid), decimal(start_time))
+    else {
+        return Err(bad());
+    };
+    let pid = u32::try_from(pid)
+        .ok()
+        .filter(|&pid| pid > 0 && pid <= i32::MAX as u32);
+    match pid {
+        Some(pid) if random_ok && namespace > 0 => Ok(ShmOwner {
+            pid_namespace: namespace,
+            pid,
+            start_time,
+        }),
+        _ => Err(bad()),
     }
-    Ok(())
+}
+
+/// Accepts exactly the names `SharedRegion::create` makes; anything else (a
+/// path, another program's object, a name with odd characters) is refused
+/// before it reaches `shm_open`.
+pub fn validate_shm_name(name: &str) -> Result<()> {
+    shm_name_owner(name).map(|_| ())
 }
 
 /// A mapped window of a shared-memory object.
@@ -351,11 +415,10 @@ impl Drop for OwnedFd {
 fn create_unique_object() -> Result<(String, OwnedFd)> {
     // 128 random bits make a collision practically impossible; retry a few
     // times anyway rather than fail on one.
+    let owner = ShmOwner::current()?;
+    super::shm_reaper::ensure_watchdog(&owner);
     for _ in 0..4 {
-        let name = format!(
-            "{SHM_NAME_PREFIX}{}",
-            random_hex(SHM_NAME_RANDOM_HEX_LEN / 2)?
-        );
+        let name = shm_name(&owner, &random_hex(SHM_NAME_RANDOM_HEX_LEN / 2)?);
         let c_name = CString::new(name.as_str()).expect("hex names contain no NUL");
         // SAFETY: `c_name` is a valid NUL-terminated string for the call.
         let raw = unsafe {
@@ -449,7 +512,7 @@ fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
     Ok(stat.st_size.max(0) as u64)
 }
 
-fn unlink_name(name: &str) -> Result<()> {
+pub(super) fn unlink_name(name: &str) -> Result<()> {
     let c_name = CString::new(name).expect("validated names contain no NUL");
     // SAFETY: `c_name` is a valid NUL-terminated string for the call.
     if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {

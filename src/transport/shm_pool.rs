@@ -7,7 +7,8 @@
 //!
 //! Segment names stay linked while the pool lives (senders open them by the
 //! name in the descriptor); dropping the `ShmPool` unlinks them all, and the
-//! memory goes away with the last lease.
+//! memory goes away with the last lease. A process that dies first leaves
+//! them to `shm_reaper` (its watchdog, or the next client's scan).
 //!
 //! Recycling caveat: a range handed back is reused at once. A receive that
 //! ended without its sender's acknowledgement (cancelled, timed out) may

@@ -24,7 +24,7 @@ fn all_kinds() -> Vec<Descriptor> {
     vec![
         sample(AllocationHandle::InProcess { allocation_id: 99 }),
         sample(AllocationHandle::SharedMemory {
-            name: "/pjrt-crosshost-0123456789abcdef0123456789abcdef".into(),
+            name: "/crosshost-4026531836-4242-987654-0123456789abcdef0123456789abcdef".into(),
         }),
         sample(AllocationHandle::Tcp {
             endpoint: "127.0.0.1:5555".parse().unwrap(),
@@ -173,13 +173,13 @@ fn clear_errors_for_each_kind_of_bad_input() {
 
     // Shared-memory descriptor whose name is not one of ours.
     let shm = sample(AllocationHandle::SharedMemory {
-        name: "/pjrt-crosshost-0123456789abcdef0123456789abcdef".into(),
+        name: "/crosshost-4026531836-4242-987654-0123456789abcdef0123456789abcdef".into(),
     })
     .encode()
     .unwrap();
     let at = shm
         .windows(5)
-        .position(|window| window == b"/pjrt")
+        .position(|window| window == b"/cros")
         .unwrap();
     let mut foreign = shm.clone();
     foreign[at + 1] = b'x';

@@ -1,4 +1,5 @@
 use super::*;
+use crate::transport::shm_owner::ShmOwner;
 
 const CHILD_ENV: &str = "PJRT_CROSSHOST_TEST_SHM_NAME";
 
@@ -14,18 +15,78 @@ fn names_are_unguessable_and_validated() {
     let b = SharedRegion::create(1).unwrap();
     assert_ne!(a.name(), b.name());
     validate_shm_name(a.name()).unwrap();
+    let hex = "0123456789abcdef0123456789abcdef";
     for bad in [
-        "",
-        "/pjrt-crosshost-",
-        "/pjrt-crosshost-../../etc/passwd",
-        "/other-0123456789abcdef0123456789abcdef",
-        "/pjrt-crosshost-0123456789ABCDEF0123456789ABCDEF",
-        "/pjrt-crosshost-0123456789abcdef0123456789abcdef0",
-        "pjrt-crosshost-0123456789abcdef0123456789abcdef",
+        String::new(),
+        "/crosshost-".into(),
+        "/crosshost-../../etc/passwd".into(),
+        "/crosshost-1-2-3-../../etc/passwd".into(),
+        format!("/other-1-2-3-{hex}"),
+        format!("/pjrt-crosshost-{hex}"),
+        format!("crosshost-1-2-3-{hex}"),
+        format!("/crosshost-{hex}"),
+        format!("/crosshost-1-2-{hex}"),
+        format!("/crosshost-1-2-3-4-{hex}"),
+        format!("/crosshost-1-2-3-{}", hex.to_uppercase()),
+        format!("/crosshost-1-2-3-{hex}0"),
+        format!("/crosshost-1-2-3-{}", &hex[1..]),
+        format!("/crosshost-1-2-3-{hex}/"),
+        format!("/crosshost--2-3-{hex}"),
+        format!("/crosshost-1--3-{hex}"),
+        format!("/crosshost-1-2--{hex}"),
+        format!("/crosshost-01-2-3-{hex}"),
+        format!("/crosshost-1-02-3-{hex}"),
+        format!("/crosshost-1-2-03-{hex}"),
+        format!("/crosshost-+1-2-3-{hex}"),
+        format!("/crosshost-1-2- 3-{hex}"),
+        format!("/crosshost-0-2-3-{hex}"),
+        format!("/crosshost-1-0-3-{hex}"),
+        format!("/crosshost-1-2147483648-3-{hex}"),
+        format!("/crosshost-1-2-18446744073709551616-{hex}"),
+        format!("/crosshost-1-2-123456789012345678901-{hex}"),
     ] {
-        let error = SharedRegion::open(bad, 0, 0).unwrap_err();
+        assert_eq!(
+            validate_shm_name(&bad).unwrap_err().code,
+            status::Code::InvalidArgument,
+            "{bad:?}"
+        );
+        let error = SharedRegion::open(&bad, 0, 0).unwrap_err();
         assert_eq!(error.code, status::Code::InvalidArgument, "{bad:?}");
     }
+    for good in [
+        format!("/crosshost-1-2-0-{hex}"),
+        format!("/crosshost-4026531836-2147483647-18446744073709551615-{hex}"),
+    ] {
+        validate_shm_name(&good).unwrap();
+    }
+}
+
+#[test]
+fn names_carry_their_creator() {
+    let me = ShmOwner::current().unwrap();
+    let region = SharedRegion::create(1).unwrap();
+    assert_eq!(shm_name_owner(region.name()).unwrap(), me);
+    let prefix = shm_name_prefix_of(&me);
+    assert_eq!(
+        prefix,
+        format!(
+            "/crosshost-{}-{}-{}-",
+            me.pid_namespace, me.pid, me.start_time
+        )
+    );
+    let random = region.name().strip_prefix(&prefix).unwrap();
+    assert_eq!(random.len(), 32);
+    assert!(random
+        .bytes()
+        .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
+    let owner = ShmOwner {
+        pid_namespace: 7,
+        pid: 42,
+        start_time: 0,
+    };
+    let name = shm_name(&owner, "00000000000000000000000000000000");
+    assert_eq!(name, "/crosshost-7-42-0-00000000000000000000000000000000");
+    assert_eq!(shm_name_owner(&name).unwrap(), owner);
 }
 
 #[test]

@@ -1,0 +1,237 @@
+//! The send path into another process's shared memory when that process
+//! (the receiver) is gone: the send is UNAVAILABLE naming it, never OK, and
+//! no receipt is written for it.
+use super::*;
+use crate::backend::DeviceMemory;
+use crate::kv::MemoryStore;
+use crate::transfer::session::LocalDevices;
+use crate::transport::claim::claim_table_len;
+use crate::transport::random::random_hex;
+use crate::transport::shm::shm_name;
+use crate::transport::shm_owner::{read_proc_stat, ShmOwner};
+use std::ffi::CString;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const LEN: usize = 4096;
+const U8: u32 = 6;
+
+/// A stand-in receiver: a child process (`cat`, alive until its stdin
+/// closes) and a claim-armed destination in an object named as that process
+/// would name it. The object is unlinked and the child ended on drop.
+struct Receiver {
+    child: Child,
+    name: String,
+    region: SharedRegion,
+    nonce: u64,
+}
+
+impl Receiver {
+    fn spawn() -> Receiver {
+        let child = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let owner = ShmOwner {
+            pid: child.id(),
+            start_time: read_proc_stat(child.id()).unwrap().unwrap().start_time,
+            ..ShmOwner::current().unwrap()
+        };
+        let name = shm_name(&owner, &random_hex(16).unwrap());
+        let c_name = CString::new(name.as_str()).unwrap();
+        let table = claim_table_len(LEN);
+        // SAFETY: valid NUL-terminated name; the descriptor is closed below.
+        let fd = unsafe {
+            libc::shm_open(
+                c_name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600 as libc::mode_t,
+            )
+        };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: our fresh descriptor.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd, (table + LEN) as libc::off_t), 0);
+            libc::close(fd);
+        }
+        let region = SharedRegion::open_whole(&name).unwrap();
+        let nonce = random_u64().unwrap();
+        region
+            .claim_slot(table as u64)
+            .unwrap()
+            .arm(&ClaimRange {
+                nonce,
+                offset: table as u64,
+                len: LEN as u64,
+            })
+            .unwrap();
+        Receiver {
+            child,
+            name,
+            region,
+            nonce,
+        }
+    }
+
+    fn descriptor(&self, key: &str) -> Vec<u8> {
+        Descriptor {
+            host: HostIdentity::local().unwrap(),
+            process_id: self.child.id(),
+            allocation: AllocationHandle::SharedMemory {
+                name: self.name.clone(),
+            },
+            offset: claim_table_len(LEN) as u64,
+            byte_size: LEN as u64,
+            element_type: U8,
+            dims: vec![LEN as i64],
+            completion_key: key.to_string(),
+            nonce: self.nonce,
+            auth_token: AuthToken::generate().unwrap(),
+        }
+        .encode()
+        .unwrap()
+    }
+
+    fn received(&self) -> Vec<u8> {
+        let mut out = vec![0u8; LEN];
+        self.region.read_at(claim_table_len(LEN), &mut out).unwrap();
+        out
+    }
+}
+
+/// Ends `child` and reaps it.
+fn end(child: &mut Child) {
+    drop(child.stdin.take());
+    child.wait().unwrap();
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let c_name = CString::new(self.name.as_str()).unwrap();
+        // SAFETY: valid NUL-terminated name.
+        unsafe { libc::shm_unlink(c_name.as_ptr()) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Host bytes that run `on_read` while the sender copies them (to end the
+/// receiver in the middle of a send).
+struct Source {
+    bytes: Vec<u8>,
+    on_read: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl DeviceMemory for Source {
+    fn len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if let Some(on_read) = self.on_read.lock().take() {
+            on_read();
+        }
+        dst.copy_from_slice(&self.bytes[offset..offset + dst.len()]);
+        Ok(())
+    }
+    fn write(&self, _offset: usize, _src: &[u8]) -> Result<()> {
+        unreachable!("a send only reads its source")
+    }
+    fn address(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+    fn is_host_memory(&self) -> bool {
+        true
+    }
+}
+
+fn pattern() -> Vec<u8> {
+    (0..LEN).map(|i| (i % 251) as u8 + 1).collect()
+}
+
+fn source(on_read: Option<Box<dyn FnOnce() + Send>>) -> SendSource {
+    SendSource {
+        memory: Arc::new(Source {
+            bytes: pattern(),
+            on_read: Mutex::new(on_read),
+        }),
+        ready: Future::ready(Ok(())),
+        spec: BufferSpec {
+            byte_size: LEN,
+            element_type: U8,
+            dims: vec![LEN as i64],
+        },
+        global_device_id: 0,
+    }
+}
+
+fn service() -> (Arc<TransferService>, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    let session = Session::local(LocalDevices::sequential(1, "cpu")).unwrap();
+    let service = TransferService::new(store.clone(), session, TransferConfig::default());
+    (service, store)
+}
+
+fn send(service: &Arc<TransferService>, source: SendSource, descriptor: &[u8]) -> Outcome {
+    let future = service
+        .send_to_descriptor(source, descriptor, "test send")
+        .unwrap();
+    future
+        .wait_timeout(Duration::from_secs(20))
+        .expect("the send ended")
+}
+
+#[test]
+fn a_send_to_a_live_receiver_is_ok_and_writes_the_receipt() {
+    let (service, store) = service();
+    let receiver = Receiver::spawn();
+    let key = "crosshost/recv/test-live/1/0";
+    send(&service, source(None), &receiver.descriptor(key)).unwrap();
+    assert_eq!(receiver.received(), pattern());
+    let receipt = Receipt::decode(&store.try_get(key).unwrap()).unwrap();
+    assert_eq!(
+        receipt,
+        Receipt::Ok {
+            nonce: receiver.nonce
+        }
+    );
+}
+
+#[test]
+fn a_send_to_a_receiver_that_died_before_is_unavailable_and_writes_nothing() {
+    let (service, store) = service();
+    let mut receiver = Receiver::spawn();
+    let pid = receiver.child.id();
+    let key = "crosshost/recv/test-dead/1/0";
+    let descriptor = receiver.descriptor(key);
+    end(&mut receiver.child);
+    let error = send(&service, source(None), &descriptor).unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(error.message.contains(&format!("pid {pid}")), "{error}");
+    assert_eq!(
+        receiver.received(),
+        vec![0u8; LEN],
+        "bytes went to a dead receiver"
+    );
+    assert_eq!(store.try_get(key).unwrap_err().code, Code::NotFound);
+}
+
+#[test]
+fn a_receiver_that_dies_during_the_copy_fails_the_send_before_any_receipt() {
+    let (service, store) = service();
+    let mut receiver = Receiver::spawn();
+    let pid = receiver.child.id();
+    let key = "crosshost/recv/test-dying/1/0";
+    let descriptor = receiver.descriptor(key);
+    let mut child = std::mem::replace(&mut receiver.child, Command::new("true").spawn().unwrap());
+    let die = Box::new(move || end(&mut child));
+    let error = send(&service, source(Some(die)), &descriptor).unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(error.message.contains(&format!("pid {pid}")), "{error}");
+    assert!(error.message.contains(&receiver.name), "{error}");
+    assert_eq!(
+        store.try_get(key).unwrap_err().code,
+        Code::NotFound,
+        "a receipt was written for a dead receiver"
+    );
+}

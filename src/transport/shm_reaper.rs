@@ -1,0 +1,197 @@
+//! Removing the shared-memory objects of processes that died without
+//! unlinking them (SIGKILL, `_exit`, a fatal error raised by a framework).
+//! Their names carry their owner (`shm_owner.rs`), so two things can find
+//! them:
+//!
+//! - the reaper: `reap_dead_owners` scans `/dev/shm` for our prefix and
+//!   unlinks every object whose owner is certainly gone (pid not running, a
+//!   zombie, or the pid reused by a process with another start time). A
+//!   live owner's objects, and those of owners it cannot judge (another pid
+//!   namespace), are never touched. Each process runs it once, when its
+//!   first client is created (`reap_dead_owners_once`);
+//! - the watchdog: with its first object, a process starts a tiny helper
+//!   (`/bin/sh`, ignoring the usual termination signals) that blocks reading
+//!   a pipe only this process holds open. When this process ends, however
+//!   it ends, the pipe closes and the helper unlinks every name with this
+//!   process's owner prefix, then exits. `PJRT_CROSSHOST_SHM_WATCHDOG=0`
+//!   turns it off.
+//!
+//! What can remain after a death: nothing once the watchdog has run (a few
+//! milliseconds). Without the watchdog (turned off, `/bin/sh` missing, or
+//! killed together with the process, e.g. SIGKILL to the whole process
+//! group or cgroup), the dead process's objects stay in `/dev/shm` until
+//! the next process of this plugin creates a client on the host. Unlinking
+//! frees the memory once no process maps it any more; a sender that mapped
+//! a dead receiver's pooled segment drops its mapping at its next send to a
+//! destination on this host (`transfer/service.rs`).
+use std::ffi::OsStr;
+use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Once;
+
+use parking_lot::Mutex;
+
+use super::shm::{shm_name_owner, shm_name_prefix_of, unlink_name, SHM_NAME_PREFIX};
+use super::shm_owner::{OwnerState, ShmOwner};
+use crate::status::Status;
+
+/// Where POSIX shared-memory objects live on Linux (glibc and musl).
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// Setting this to `0` keeps the watchdog from starting.
+pub const WATCHDOG_ENV: &str = "PJRT_CROSSHOST_SHM_WATCHDOG";
+
+/// What one scan did.
+#[derive(Debug, Default)]
+pub struct ReapReport {
+    /// Names unlinked (their owner was gone).
+    pub removed: Vec<String>,
+    /// Our names left alone (owner alive or not judgeable).
+    pub kept: usize,
+    /// Names whose unlink failed (e.g. another user's object).
+    pub failed: Vec<(String, Status)>,
+}
+
+/// Scans `/dev/shm` and unlinks the objects of dead owners (see the module
+/// docs). Entries that are not our well-formed names are skipped.
+pub fn reap_dead_owners() -> ReapReport {
+    let mut report = ReapReport::default();
+    let entries = match std::fs::read_dir(SHM_DIR) {
+        Ok(entries) => entries,
+        Err(e) => {
+            log::debug!("shared-memory reaper: cannot list {SHM_DIR}: {e}");
+            return report;
+        }
+    };
+    let prefix = &SHM_NAME_PREFIX[1..];
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if !file_name.starts_with(prefix) {
+            continue;
+        }
+        let name = format!("/{file_name}");
+        let Ok(owner) = shm_name_owner(&name) else {
+            continue;
+        };
+        if owner.state() != OwnerState::Gone {
+            report.kept += 1;
+            continue;
+        }
+        match unlink_name(&name) {
+            Ok(()) => report.removed.push(name),
+            // Another process reaped it first.
+            Err(e) if e.code == crate::status::Code::NotFound => {}
+            Err(e) => report.failed.push((name, e)),
+        }
+    }
+    if !report.removed.is_empty() {
+        log::info!(
+            "removed {} shared-memory objects left by processes that died: {:?}",
+            report.removed.len(),
+            report.removed
+        );
+    }
+    for (name, error) in &report.failed {
+        log::warn!("could not remove {name}, left by a process that died: {error}");
+    }
+    report
+}
+
+/// `reap_dead_owners`, the first time it is called in this process.
+pub fn reap_dead_owners_once() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        reap_dead_owners();
+    });
+}
+
+struct Watchdog {
+    /// The process that started it (a forked child starts its own).
+    pid: u32,
+    /// The helper and the write end of its pipe; `None` when it could not
+    /// start or is turned off.
+    running: Option<(Child, ChildStdin)>,
+}
+
+static WATCHDOG: Mutex<Option<Watchdog>> = Mutex::new(None);
+
+/// Starts this process's watchdog for `owner`'s names unless it runs
+/// already (see the module docs). Never fails: without a watchdog the
+/// reaper still removes the objects at the next start.
+pub fn ensure_watchdog(owner: &ShmOwner) {
+    let pid = std::process::id();
+    let mut watchdog = WATCHDOG.lock();
+    if watchdog.as_ref().is_some_and(|w| w.pid == pid) {
+        return;
+    }
+    // Inherited through fork: the pipe end is the parent's business (the
+    // descriptor closes here, the parent keeps its own).
+    *watchdog = Some(Watchdog {
+        pid,
+        running: start_watchdog(owner),
+    });
+}
+
+/// The watchdog's process id, if one runs for this process (for tests).
+pub fn watchdog_pid() -> Option<u32> {
+    let watchdog = WATCHDOG.lock();
+    watchdog
+        .as_ref()
+        .filter(|w| w.pid == std::process::id())
+        .and_then(|w| w.running.as_ref())
+        .map(|(child, _)| child.id())
+}
+
+fn start_watchdog(owner: &ShmOwner) -> Option<(Child, ChildStdin)> {
+    if std::env::var_os(WATCHDOG_ENV).as_deref() == Some(OsStr::from_bytes(b"0")) {
+        log::debug!("shared-memory watchdog turned off by {WATCHDOG_ENV}=0");
+        return None;
+    }
+    // Only digits and dashes follow the fixed prefix: nothing to quote.
+    let pattern = format!("{SHM_DIR}{}*", shm_name_prefix_of(owner));
+    let script = format!(
+        "trap '' HUP INT QUIT TERM PIPE USR1 USR2\n\
+         while read -r _; do :; done\n\
+         exec rm -f -- {pattern}\n"
+    );
+    let spawned = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    match spawned {
+        Ok(mut child) => {
+            let stdin = child.stdin.take().expect("stdin was piped");
+            log::debug!(
+                "shared-memory watchdog {} removes {pattern} when this process ends",
+                child.id()
+            );
+            Some((child, stdin))
+        }
+        Err(e) => {
+            let level = if e.kind() == ErrorKind::NotFound {
+                log::Level::Debug
+            } else {
+                log::Level::Warn
+            };
+            log::log!(
+                level,
+                "no shared-memory watchdog ({e}): if this process dies, its shared memory \
+                 stays until the next client starts on this host"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
