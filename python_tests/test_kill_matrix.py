@@ -12,9 +12,10 @@ at each phase, stopped there exactly by the plugin's kill points
 
 "At once" is well inside the 30 s receive and send timeouts: the lost
 control link tells the survivor. Then the survivor's lifecycle has settled
-(every receive retired, no key outstanding), and the framework's store holds
-no transfer key of either process (the peer store keeps them in process
-memory; the dead process's went with it).
+(every receive retired, no key outstanding), /dev/shm holds nothing of the
+dead process (its watchdog removed it; src/transport/shm_reaper.rs), and the
+framework's store holds no transfer key of either process (the peer store
+keeps them in process memory; the dead process's went with it).
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ class KilledPeer:
         self.err.seek(0)
         return self.err.read()[-3000:]
 
+    def segments(self) -> list[str]:
+        """The child's shared-memory objects (crosshost-<ns>-<pid>-...)."""
+        pid = f"-{self.proc.pid}-"
+        return [n for n in os.listdir("/dev/shm") if n.startswith("crosshost-") and pid in n]
+
+    def check_nothing_left_in_dev_shm(self) -> None:
+        assert th.poll_until(lambda: not self.segments(), 10), self.segments()
+
     def kill_at_the_point(self, point: str) -> float:
         """Waits until the child stopped at its kill point, SIGKILLs it;
         returns the time of the kill."""
@@ -91,6 +100,7 @@ class KilledPeer:
             assert time.monotonic() < deadline, f"{point} never reached:\n{self.stderr()}"
             time.sleep(0.01)
         assert self.marker.read_text() == point
+        self.segments_at_kill = self.segments()
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
         return time.monotonic()
@@ -150,6 +160,7 @@ def test_sender_killed(xh, killed_peer, server, point, expect_ok):
         assert took < PROMPT_S, f"the receive failed {took:.1f}s after the kill"
     m = settled(c)
     assert m["keys_outstanding"] == 0 and m["timeouts"] == 0, m
+    peer.check_nothing_left_in_dev_shm()
     assert transfer_keys(server) == []
 
 
@@ -161,8 +172,8 @@ def test_receiver_killed(xh, killed_peer, server, point, expect_ok):
     peer = killed_peer("receive", point)
     c = peer.client
     src = th.upload(c, c.addressable_devices()[0], KILL_SPEC, th.make_data(KILL_SPEC, KILL_SEED))
-    peer.ch.get("posted", 30) if expect_ok else None
     if expect_ok:
+        peer.ch.get("posted", 30)
         (ev,) = xh.send(c, [src], [th.device_ids(c, 1)[0]], [2])
         th.expect_ok(th.wait_event(ev, timeout=30), "send before the receiver died")
         peer.kill_at_the_point(point)
@@ -174,4 +185,6 @@ def test_receiver_killed(xh, killed_peer, server, point, expect_ok):
         assert status is not None, "a send into a dead receiver reported OK"
         assert status.code in (EC.UNAVAILABLE, EC.NOT_FOUND, EC.FAILED_PRECONDITION), status
         assert took < PROMPT_S, f"the send failed {took:.1f}s after the kill"
+    assert peer.segments_at_kill, "the receiver had no shared memory to leave behind?"
+    peer.check_nothing_left_in_dev_shm()
     assert transfer_keys(server) == []
