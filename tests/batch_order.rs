@@ -5,69 +5,40 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pjrt_crosshost::api::buffer::{Buffer, HostArray};
+use pjrt_crosshost::api::buffer::Buffer;
 use pjrt_crosshost::api::client::Client;
 use pjrt_crosshost::api::device::Device;
-use pjrt_crosshost::api::element_type::{ElementType, Shape};
-use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
+use pjrt_crosshost::api::element_type::Shape;
+use pjrt_crosshost::api::options::OptionValue;
 use pjrt_crosshost::api::transfers::ReceiveSpec;
+
+mod common;
+use common::{pattern, s, u8_shape};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 /// Sent in this order: last first, then the middle, then the first.
 const SEND_ORDER: [usize; 3] = [2, 1, 0];
 
-fn options(pairs: &[(&str, OptionValue)]) -> ClientOptions {
-    let owned: Vec<(String, OptionValue)> = pairs
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.clone()))
-        .collect();
-    ClientOptions::parse(&owned).expect("valid options")
-}
-
-fn s(v: &str) -> OptionValue {
-    OptionValue::Str(v.into())
-}
-
 fn two_clients(name: &str, transport: &str) -> (Arc<Client>, Arc<Client>) {
-    let make = |node: i64| {
-        let (name, transport) = (name.to_string(), transport.to_string());
-        std::thread::spawn(move || {
-            Client::create(options(&[
-                ("kv_store", s(&format!("memory:{name}"))),
-                ("session", s(&name)),
-                ("node_id", OptionValue::Int(node)),
-                ("num_nodes", OptionValue::Int(2)),
-                ("transport", s(&transport)),
-                ("receive_timeout_ms", OptionValue::Int(30_000)),
-                ("send_timeout_ms", OptionValue::Int(30_000)),
-            ]))
-            .expect("client")
-        })
-    };
-    let (a, b) = (make(0), make(1));
-    (a.join().unwrap(), b.join().unwrap())
+    common::two_clients(
+        &[
+            ("kv_store", s(&format!("memory:{name}"))),
+            ("session", s(name)),
+            ("transport", s(transport)),
+            ("receive_timeout_ms", OptionValue::Int(30_000)),
+            ("send_timeout_ms", OptionValue::Int(30_000)),
+        ],
+        None,
+    )
+    .expect("clients")
 }
 
 fn shape(bytes: usize) -> Shape {
-    let u8_type = ElementType::from_raw(6, "t").unwrap();
-    Shape::new(u8_type, vec![bytes as i64], "t").unwrap()
-}
-
-fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
-    (0..bytes)
-        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
-        .collect()
+    u8_shape(bytes)
 }
 
 fn upload(client: &Client, device: &Arc<Device>, data: &[u8]) -> Arc<Buffer> {
-    let host = HostArray {
-        bytes: data,
-        origin: 0,
-        byte_strides: None,
-    };
-    client
-        .buffer_from_host(&host, shape(data.len()), device, "test")
-        .unwrap()
+    common::upload(client, device, data).unwrap()
 }
 
 fn contents(buffer: &Buffer) -> Vec<u8> {

@@ -9,16 +9,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pjrt_crosshost::api::buffer::{Buffer, HostArray};
+use pjrt_crosshost::api::buffer::Buffer;
 use pjrt_crosshost::api::client::Client;
 use pjrt_crosshost::api::device::Device;
-use pjrt_crosshost::api::element_type::{ElementType, Shape};
 use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
 use pjrt_crosshost::api::transfers::ReceiveSpec;
 use pjrt_crosshost::backend::cuda::CudaBackend;
 use pjrt_crosshost::backend::Backend;
 use pjrt_crosshost::status::{self, Code};
 use pjrt_crosshost::transfer::cuda_path;
+
+mod common;
+use common::{options, pattern, s, u8_shape};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -52,46 +54,12 @@ macro_rules! check {
     };
 }
 
-fn options(pairs: &[(&str, OptionValue)]) -> ClientOptions {
-    let owned: Vec<(String, OptionValue)> = pairs
-        .iter()
-        .map(|(n, v)| (n.to_string(), v.clone()))
-        .collect();
-    ClientOptions::parse(&owned).expect("valid options")
-}
-
-fn s(v: &str) -> OptionValue {
-    OptionValue::Str(v.into())
-}
-
 fn cuda_client() -> Result<Arc<Client>, String> {
     Client::create(options(&[("backend", s("cuda"))])).map_err(|e| e.to_string())
 }
 
-fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
-    (0..bytes)
-        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
-        .collect()
-}
-
-fn u8_shape(bytes: usize) -> Shape {
-    Shape::new(
-        ElementType::from_raw(6, "t").unwrap(),
-        vec![bytes as i64],
-        "t",
-    )
-    .unwrap()
-}
-
 fn upload(client: &Client, device: &Arc<Device>, data: &[u8]) -> Result<Arc<Buffer>, String> {
-    let host = HostArray {
-        bytes: data,
-        origin: 0,
-        byte_strides: None,
-    };
-    client
-        .buffer_from_host(&host, u8_shape(data.len()), device, "test")
-        .map_err(|e| e.to_string())
+    common::upload(client, device, data).map_err(|e| e.to_string())
 }
 
 fn download(buffer: &Buffer) -> Result<Vec<u8>, String> {
@@ -291,25 +259,17 @@ fn zero_sized_buffers_upload_copy_and_read() -> TestResult {
 /// store); creation blocks until both joined, so each is made on its own
 /// thread.
 fn two_clients(name: &str) -> Result<(Arc<Client>, Arc<Client>), String> {
-    let make = |node: i64| {
-        let name = name.to_string();
-        std::thread::spawn(move || {
-            Client::create(options(&[
-                ("backend", s("cuda")),
-                ("kv_store", s(&format!("memory:{name}"))),
-                ("session", s(&name)),
-                ("node_id", OptionValue::Int(node)),
-                ("num_nodes", OptionValue::Int(2)),
-                ("receive_timeout_ms", OptionValue::Int(30_000)),
-                ("send_timeout_ms", OptionValue::Int(30_000)),
-            ]))
-            .map_err(|e| e.to_string())
-        })
-    };
-    let (a, b) = (make(0), make(1));
-    let a = a.join().map_err(|_| "client 0 panicked")??;
-    let b = b.join().map_err(|_| "client 1 panicked")??;
-    Ok((a, b))
+    common::two_clients(
+        &[
+            ("backend", s("cuda")),
+            ("kv_store", s(&format!("memory:{name}"))),
+            ("session", s(name)),
+            ("receive_timeout_ms", OptionValue::Int(30_000)),
+            ("send_timeout_ms", OptionValue::Int(30_000)),
+        ],
+        None,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn v2_transfer_between_two_clients_in_one_process_lands_every_buffer() -> TestResult {

@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use pjrt_crosshost::api::buffer::{Buffer, HostArray};
-use pjrt_crosshost::api::client::Client;
-use pjrt_crosshost::api::element_type::{ElementType, Shape};
-use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
+use pjrt_crosshost::api::buffer::Buffer;
+use pjrt_crosshost::api::options::OptionValue;
 use pjrt_crosshost::api::transfers::ReceiveSpec;
 use pjrt_crosshost::kv::{KeyValueStore, MemoryStore, RawKvCallbacks};
 use pjrt_crosshost::status::{self, Code, Outcome, Result};
+
+mod common;
+use common::{pattern, s, u8_shape};
 
 const TIMEOUT_MS: i64 = 1500;
 const KV_CALL_TIMEOUT_MS: i64 = 500;
@@ -130,32 +131,6 @@ impl RawKvCallbacks for FaultyKv {
     }
 }
 
-fn options(node: i64, session: &str) -> ClientOptions {
-    let pairs: Vec<(String, OptionValue)> = [
-        ("kv_store", OptionValue::Str("callbacks".into())),
-        ("session", OptionValue::Str(session.into())),
-        ("node_id", OptionValue::Int(node)),
-        ("num_nodes", OptionValue::Int(2)),
-        ("receive_timeout_ms", OptionValue::Int(TIMEOUT_MS)),
-        ("send_timeout_ms", OptionValue::Int(TIMEOUT_MS)),
-        ("kv_call_timeout_ms", OptionValue::Int(KV_CALL_TIMEOUT_MS)),
-        ("session_timeout_ms", OptionValue::Int(20_000)),
-    ]
-    .into_iter()
-    .map(|(n, v)| (n.to_string(), v))
-    .collect();
-    ClientOptions::parse(&pairs).unwrap()
-}
-
-fn shape(bytes: usize) -> Shape {
-    Shape::new(
-        ElementType::from_raw(6, "t").unwrap(),
-        vec![bytes as i64],
-        "t",
-    )
-    .unwrap()
-}
-
 struct Run {
     receive: Outcome,
     receive_after: Duration,
@@ -169,30 +144,27 @@ struct Run {
 fn transfer_with(op: Op, fault: Fault) -> Run {
     let kv = FaultyKv::new();
     let session = format!("faults-{op:?}-{fault:?}");
-    let make = |node: i64| {
-        let (kv, session) = (kv.clone(), session.clone());
-        std::thread::spawn(move || {
-            Client::create_with_callbacks(options(node, &session), Some(kv)).expect("client")
-        })
-    };
-    let (a, b) = (make(0), make(1));
-    let (sender, receiver) = (a.join().unwrap(), b.join().unwrap());
+    let (sender, receiver) = common::two_clients(
+        &[
+            ("kv_store", s("callbacks")),
+            ("session", s(&session)),
+            ("receive_timeout_ms", OptionValue::Int(TIMEOUT_MS)),
+            ("send_timeout_ms", OptionValue::Int(TIMEOUT_MS)),
+            ("kv_call_timeout_ms", OptionValue::Int(KV_CALL_TIMEOUT_MS)),
+            ("session_timeout_ms", OptionValue::Int(20_000)),
+        ],
+        Some(kv.clone() as Arc<dyn RawKvCallbacks>),
+    )
+    .expect("clients");
     let src = sender.addressable_devices().next().unwrap().clone();
     let dst = receiver.addressable_devices().next().unwrap().clone();
-    let data: Vec<u8> = (0..8192).map(|i| (i * 7 % 251) as u8).collect();
-    let host = HostArray {
-        bytes: &data,
-        origin: 0,
-        byte_strides: None,
-    };
-    let source = sender
-        .buffer_from_host(&host, shape(data.len()), &src, "t")
-        .unwrap();
+    let data = pattern(8192, 3);
+    let source = common::upload(&sender, &src, &data).unwrap();
     *kv.fault.lock() = Some((op, fault));
 
     let started = Instant::now();
     let spec = ReceiveSpec {
-        shape: shape(data.len()),
+        shape: u8_shape(data.len()),
         peer_global_device_id: src.global_id,
         transfer_key: 7,
     };

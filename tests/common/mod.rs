@@ -1,0 +1,71 @@
+//! Helpers the integration tests share: create options, u8 buffers and
+//! their patterns, a two-client job in one process. Each test file uses a
+//! part of them.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use pjrt_crosshost::api::buffer::{Buffer, HostArray};
+use pjrt_crosshost::api::client::Client;
+use pjrt_crosshost::api::device::Device;
+use pjrt_crosshost::api::element_type::{ElementType, Shape};
+use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
+use pjrt_crosshost::kv::RawKvCallbacks;
+use pjrt_crosshost::status::Result;
+
+pub fn options(pairs: &[(&str, OptionValue)]) -> ClientOptions {
+    let owned: Vec<(String, OptionValue)> = pairs
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.clone()))
+        .collect();
+    ClientOptions::parse(&owned).expect("valid options")
+}
+
+pub fn s(v: &str) -> OptionValue {
+    OptionValue::Str(v.into())
+}
+
+/// A one-dimensional u8 shape of `bytes` elements.
+pub fn u8_shape(bytes: usize) -> Shape {
+    Shape::new(
+        ElementType::from_raw(6, "t").unwrap(),
+        vec![bytes as i64],
+        "t",
+    )
+    .unwrap()
+}
+
+pub fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+        .collect()
+}
+
+pub fn upload(client: &Client, device: &Arc<Device>, data: &[u8]) -> Result<Arc<Buffer>> {
+    let host = HostArray {
+        bytes: data,
+        origin: 0,
+        byte_strides: None,
+    };
+    client.buffer_from_host(&host, u8_shape(data.len()), device, "test")
+}
+
+/// Nodes 0 and 1 of one job, created at once (creation waits for the
+/// other); `extra` options for both, `callbacks` shared when given.
+pub fn two_clients(
+    extra: &[(&str, OptionValue)],
+    callbacks: Option<Arc<dyn RawKvCallbacks>>,
+) -> Result<(Arc<Client>, Arc<Client>)> {
+    let make = |node: i64| {
+        let mut pairs: Vec<(&str, OptionValue)> = extra.to_vec();
+        pairs.push(("node_id", OptionValue::Int(node)));
+        pairs.push(("num_nodes", OptionValue::Int(2)));
+        let options = options(&pairs);
+        let callbacks = callbacks.clone();
+        std::thread::spawn(move || Client::create_with_callbacks(options, callbacks))
+    };
+    let (a, b) = (make(0), make(1));
+    let a = a.join().expect("client 0 panicked")?;
+    let b = b.join().expect("client 1 panicked")?;
+    Ok((a, b))
+}
