@@ -306,6 +306,11 @@ impl TransferService {
         &self.session
     }
 
+    /// The bound on the bytes received host buffers hold at once.
+    pub fn max_receive_bytes(&self) -> u64 {
+        self.receive_budget.limit()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
