@@ -54,6 +54,8 @@ struct FaultyKv {
     released: Mutex<bool>,
     release: Condvar,
     hung: AtomicBool,
+    /// The fault hits every key, not only the transfer keys.
+    every_key: AtomicBool,
 }
 
 impl FaultyKv {
@@ -64,6 +66,7 @@ impl FaultyKv {
             released: Mutex::new(false),
             release: Condvar::new(),
             hung: AtomicBool::new(false),
+            every_key: AtomicBool::new(false),
         })
     }
 
@@ -78,7 +81,10 @@ impl FaultyKv {
         // established before the fault was switched on.
         let fault = match *self.fault.lock() {
             Some((faulty, fault))
-                if faulty == op && (key.contains("/recv/") || key.contains("/desc/")) =>
+                if faulty == op
+                    && (self.every_key.load(Ordering::SeqCst)
+                        || key.contains("/recv/")
+                        || key.contains("/desc/")) =>
             {
                 fault
             }
@@ -315,4 +321,37 @@ fn try_get_faults_never_make_a_transfer_lie_or_hang() {
         let run = transfer_with(Op::TryGet, fault);
         check_bounded(Op::TryGet, fault, &run);
     }
+}
+
+#[test]
+fn a_get_that_never_returns_during_creation_ends_it_at_session_timeout() {
+    // Node 0 of a two-node job waits for node 1's session entry through a
+    // get that never returns: creation fails DEADLINE_EXCEEDED by
+    // session_timeout_ms (+1 s), not never.
+    let kv = FaultyKv::new();
+    kv.every_key.store(true, Ordering::SeqCst);
+    *kv.fault.lock() = Some((Op::Get, Fault::Hang));
+    let started = Instant::now();
+    let created = pjrt_crosshost::api::client::Client::create_with_callbacks(
+        common::options(&[
+            ("kv_store", s("callbacks")),
+            ("session", s("faults-creation")),
+            ("node_id", OptionValue::Int(0)),
+            ("num_nodes", OptionValue::Int(2)),
+            ("session_timeout_ms", OptionValue::Int(1000)),
+        ]),
+        Some(kv.clone() as Arc<dyn RawKvCallbacks>),
+    );
+    let took = started.elapsed();
+    kv.release_hung_calls();
+    let error = created.err().expect("creation succeeded without node 1");
+    assert_eq!(error.code, Code::DeadlineExceeded, "{error}");
+    assert!(
+        took < Duration::from_millis(1000) + SLACK,
+        "creation took {took:?}"
+    );
+    assert!(
+        kv.hung.load(Ordering::SeqCst),
+        "the hanging get was never made"
+    );
 }

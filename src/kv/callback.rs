@@ -83,7 +83,7 @@ impl Default for CallbackStoreOptions {
             can_overwrite: false,
             call_threads: 16,
             call_timeout: Duration::from_secs(30),
-            call_grace: Duration::from_secs(1),
+            call_grace: Duration::from_millis(200),
             stop_grace: Duration::from_millis(500),
         }
     }
