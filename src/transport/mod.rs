@@ -29,4 +29,6 @@ pub mod shm;
 pub mod shm_owner;
 pub mod shm_pool;
 pub mod shm_reaper;
+#[cfg(test)]
+pub mod shm_test_object;
 pub mod tcp;

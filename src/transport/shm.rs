@@ -512,7 +512,7 @@ fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
     Ok(stat.st_size.max(0) as u64)
 }
 
-pub(super) fn unlink_name(name: &str) -> Result<()> {
+pub(crate) fn unlink_name(name: &str) -> Result<()> {
     let c_name = CString::new(name).expect("validated names contain no NUL");
     // SAFETY: `c_name` is a valid NUL-terminated string for the call.
     if unsafe { libc::shm_unlink(c_name.as_ptr()) } != 0 {

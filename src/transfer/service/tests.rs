@@ -6,10 +6,8 @@ use crate::backend::DeviceMemory;
 use crate::kv::MemoryStore;
 use crate::transfer::session::LocalDevices;
 use crate::transport::claim::claim_table_len;
-use crate::transport::random::random_hex;
-use crate::transport::shm::shm_name;
 use crate::transport::shm_owner::{read_proc_stat, ShmOwner};
-use std::ffi::CString;
+use crate::transport::shm_test_object::NamedShmObject;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -21,7 +19,7 @@ const U8: u32 = 6;
 /// would name it. The object is unlinked and the child ended on drop.
 struct Receiver {
     child: Child,
-    name: String,
+    object: NamedShmObject,
     region: SharedRegion,
     nonce: u64,
 }
@@ -38,24 +36,9 @@ impl Receiver {
             start_time: read_proc_stat(child.id()).unwrap().unwrap().start_time,
             ..ShmOwner::current().unwrap()
         };
-        let name = shm_name(&owner, &random_hex(16).unwrap());
-        let c_name = CString::new(name.as_str()).unwrap();
         let table = claim_table_len(LEN);
-        // SAFETY: valid NUL-terminated name; the descriptor is closed below.
-        let fd = unsafe {
-            libc::shm_open(
-                c_name.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600 as libc::mode_t,
-            )
-        };
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: our fresh descriptor.
-        unsafe {
-            assert_eq!(libc::ftruncate(fd, (table + LEN) as libc::off_t), 0);
-            libc::close(fd);
-        }
-        let region = SharedRegion::open_whole(&name).unwrap();
+        let object = NamedShmObject::create(&owner, table + LEN);
+        let region = SharedRegion::open_whole(object.name()).unwrap();
         let nonce = random_u64().unwrap();
         region
             .claim_slot(table as u64)
@@ -68,7 +51,7 @@ impl Receiver {
             .unwrap();
         Receiver {
             child,
-            name,
+            object,
             region,
             nonce,
         }
@@ -79,7 +62,7 @@ impl Receiver {
             host: HostIdentity::local().unwrap(),
             process_id: self.child.id(),
             allocation: AllocationHandle::SharedMemory {
-                name: self.name.clone(),
+                name: self.object.name().to_string(),
             },
             offset: claim_table_len(LEN) as u64,
             byte_size: LEN as u64,
@@ -108,9 +91,7 @@ fn end(child: &mut Child) {
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        let c_name = CString::new(self.name.as_str()).unwrap();
-        // SAFETY: valid NUL-terminated name.
-        unsafe { libc::shm_unlink(c_name.as_ptr()) };
+        // The object is unlinked when `object` drops.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -228,7 +209,7 @@ fn a_receiver_that_dies_during_the_copy_fails_the_send_before_any_receipt() {
     let error = send(&service, source(Some(die)), &descriptor).unwrap_err();
     assert_eq!(error.code, Code::Unavailable, "{error}");
     assert!(error.message.contains(&format!("pid {pid}")), "{error}");
-    assert!(error.message.contains(&receiver.name), "{error}");
+    assert!(error.message.contains(receiver.object.name()), "{error}");
     assert_eq!(
         store.try_get(key).unwrap_err().code,
         Code::NotFound,

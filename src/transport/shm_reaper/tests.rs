@@ -1,52 +1,11 @@
 use super::*;
 use crate::transport::random::random_hex;
-use crate::transport::shm::{shm_name, SharedRegion};
-use std::ffi::CString;
+use crate::transport::shm::SharedRegion;
+use crate::transport::shm_test_object::{exists, NamedShmObject};
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::Path;
 
 const CHILD_ENV: &str = "PJRT_CROSSHOST_TEST_REAPER_CHILD";
-
-/// A /dev/shm object made under a chosen name; unlinked on drop, so a
-/// failing test leaves nothing behind.
-struct NamedObject(String);
-
-impl NamedObject {
-    fn create(owner: &ShmOwner) -> NamedObject {
-        let name = shm_name(owner, &random_hex(16).unwrap());
-        let c_name = CString::new(name.as_str()).unwrap();
-        // SAFETY: valid NUL-terminated name; the descriptor is closed below.
-        let fd = unsafe {
-            libc::shm_open(
-                c_name.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600 as libc::mode_t,
-            )
-        };
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: a fresh descriptor; plain syscall, then closed.
-        unsafe {
-            assert_eq!(libc::ftruncate(fd, 4096), 0);
-            libc::close(fd);
-        }
-        NamedObject(name)
-    }
-
-    fn exists(&self) -> bool {
-        exists(&self.0)
-    }
-}
-
-impl Drop for NamedObject {
-    fn drop(&mut self) {
-        let _ = unlink_name(&self.0);
-    }
-}
-
-fn exists(name: &str) -> bool {
-    Path::new(&format!("{SHM_DIR}{name}")).exists()
-}
 
 /// The pid of a process that ran and was reaped (free, or reused by a
 /// process with another start time by the time anyone looks).
@@ -60,25 +19,34 @@ fn dead_pid() -> u32 {
 #[test]
 fn the_reaper_removes_dead_owners_objects_and_keeps_live_ones() {
     let me = ShmOwner::current().unwrap();
-    let dead = NamedObject::create(&ShmOwner {
-        pid: dead_pid(),
-        start_time: 12345,
-        ..me
-    });
+    let dead = NamedShmObject::create(
+        &ShmOwner {
+            pid: dead_pid(),
+            start_time: 12345,
+            ..me
+        },
+        4096,
+    );
     // This process's pid, but a start time it does not have: a process
     // that had our pid before us.
-    let reused = NamedObject::create(&ShmOwner {
-        start_time: me.start_time.wrapping_sub(1),
-        ..me
-    });
-    let live = NamedObject::create(&me);
+    let reused = NamedShmObject::create(
+        &ShmOwner {
+            start_time: me.start_time.wrapping_sub(1),
+            ..me
+        },
+        4096,
+    );
+    let live = NamedShmObject::create(&me, 4096);
     let region = SharedRegion::create(4096).unwrap();
     // Another pid namespace: its pids mean nothing here.
-    let foreign = NamedObject::create(&ShmOwner {
-        pid_namespace: me.pid_namespace + 1,
-        pid: dead_pid(),
-        ..me
-    });
+    let foreign = NamedShmObject::create(
+        &ShmOwner {
+            pid_namespace: me.pid_namespace + 1,
+            pid: dead_pid(),
+            ..me
+        },
+        4096,
+    );
     assert!(dead.exists() && reused.exists() && live.exists() && foreign.exists());
 
     let report = reap_dead_owners();
@@ -103,19 +71,7 @@ fn the_reaper_skips_names_that_are_not_ours() {
     let hex = random_hex(16).unwrap();
     // Our prefix, but not our format: never touched.
     let odd = format!("/crosshost-{hex}");
-    let c_name = CString::new(odd.as_str()).unwrap();
-    // SAFETY: valid NUL-terminated name; the descriptor is closed at once.
-    let fd = unsafe {
-        libc::shm_open(
-            c_name.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-            0o600 as libc::mode_t,
-        )
-    };
-    assert!(fd >= 0);
-    // SAFETY: closing our own descriptor.
-    unsafe { libc::close(fd) };
-    let guard = NamedObject(odd.clone());
+    let guard = NamedShmObject::create_named(odd.clone(), 0);
     let report = reap_dead_owners();
     assert!(guard.exists(), "{report:?}");
     assert!(!report.removed.contains(&odd));
@@ -195,7 +151,7 @@ fn a_killed_process_watchdog_removes_its_objects() {
     };
     let fields: Vec<&str> = report.split_whitespace().collect();
     let name = fields[1].to_string();
-    let guard = NamedObject(name.clone());
+    let guard = NamedShmObject::adopt(name.clone());
     let watchdog: u32 = fields[3].parse().unwrap();
     assert!(guard.exists());
     assert!(watchdog > 0, "the child started no watchdog");
