@@ -8,12 +8,10 @@ use std::time::Duration;
 use pjrt_crosshost::api::buffer::Buffer;
 use pjrt_crosshost::api::client::Client;
 use pjrt_crosshost::api::device::Device;
-use pjrt_crosshost::api::element_type::Shape;
 use pjrt_crosshost::api::options::OptionValue;
-use pjrt_crosshost::api::transfers::ReceiveSpec;
 
 mod common;
-use common::{pattern, s, u8_shape};
+use common::{pattern, patterns, s, u8_receive_specs, u8_shape};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 /// Sent in this order: last first, then the middle, then the first.
@@ -31,10 +29,6 @@ fn two_clients(name: &str, transport: &str) -> (Arc<Client>, Arc<Client>) {
         None,
     )
     .expect("clients")
-}
-
-fn shape(bytes: usize) -> Shape {
-    u8_shape(bytes)
 }
 
 fn upload(client: &Client, device: &Arc<Device>, data: &[u8]) -> Arc<Buffer> {
@@ -73,20 +67,8 @@ fn v2_batch_in_send_order(transport: &str) {
     let src = sender.addressable_devices().next().unwrap().clone();
     let dst = receiver.addressable_devices().next().unwrap().clone();
     let sizes = [4096, 1 << 20, 17];
-    let data: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, i))
-        .collect();
-    let specs = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| ReceiveSpec {
-            shape: shape(n),
-            peer_global_device_id: src.global_id,
-            transfer_key: 500 + i as i64,
-        })
-        .collect();
+    let data = patterns(&sizes);
+    let specs = u8_receive_specs(&sizes, src.global_id, 500);
     let received: Vec<Arc<Buffer>> = receiver
         .cross_host_receive(&dst, specs, None, "t")
         .unwrap()
@@ -130,7 +112,7 @@ fn v1_batch_buffers_are_ready_in_the_order_their_descriptors_are_sent_to() {
         .map(|(i, &n)| pattern(n, 9 + i))
         .collect();
     let (buffers, descriptors) = receiver
-        .make_receive_buffers(&dst, sizes.iter().map(|&n| shape(n)).collect(), "t")
+        .make_receive_buffers(&dst, sizes.iter().map(|&n| u8_shape(n)).collect(), "t")
         .unwrap();
     let received: Vec<Arc<Buffer>> = buffers
         .into_iter()

@@ -13,14 +13,13 @@ use pjrt_crosshost::api::buffer::Buffer;
 use pjrt_crosshost::api::client::Client;
 use pjrt_crosshost::api::device::Device;
 use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
-use pjrt_crosshost::api::transfers::ReceiveSpec;
 use pjrt_crosshost::backend::cuda::CudaBackend;
 use pjrt_crosshost::backend::Backend;
 use pjrt_crosshost::status::{self, Code};
 use pjrt_crosshost::transfer::cuda_path;
 
 mod common;
-use common::{options, pattern, s, u8_shape};
+use common::{options, pattern, patterns, s, u8_receive_specs, u8_shape};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -279,20 +278,8 @@ fn v2_transfer_between_two_clients_in_one_process_lands_every_buffer() -> TestRe
     let dst_device = receiver.addressable_devices().next().unwrap().clone();
     let before = cuda_path::local_destinations();
     let sizes = [(4 << 20) + 1, 0, 4096, 1];
-    let data: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, i))
-        .collect();
-    let specs = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| ReceiveSpec {
-            shape: u8_shape(n),
-            peer_global_device_id: src_device.global_id,
-            transfer_key: 100 + i as i64,
-        })
-        .collect();
+    let data = patterns(&sizes);
+    let specs = u8_receive_specs(&sizes, src_device.global_id, 100);
     let received: Vec<_> = receiver
         .cross_host_receive(&dst_device, specs, None, "t")
         .map_err(|e| e.to_string())?

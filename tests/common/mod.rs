@@ -10,6 +10,7 @@ use pjrt_crosshost::api::client::Client;
 use pjrt_crosshost::api::device::Device;
 use pjrt_crosshost::api::element_type::{ElementType, Shape};
 use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
+use pjrt_crosshost::api::transfers::ReceiveSpec;
 use pjrt_crosshost::kv::RawKvCallbacks;
 use pjrt_crosshost::status::Result;
 
@@ -68,4 +69,27 @@ pub fn two_clients(
     let a = a.join().expect("client 0 panicked")?;
     let b = b.join().expect("client 1 panicked")?;
     Ok((a, b))
+}
+
+/// One u8 receive per size from `peer`, under transfer keys `first_key`,
+/// `first_key + 1`, ...
+pub fn u8_receive_specs(sizes: &[usize], peer: i32, first_key: i64) -> Vec<ReceiveSpec> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ReceiveSpec {
+            shape: u8_shape(n),
+            peer_global_device_id: peer,
+            transfer_key: first_key + i as i64,
+        })
+        .collect()
+}
+
+/// `pattern(size, i)` for each size, in order.
+pub fn patterns(sizes: &[usize]) -> Vec<Vec<u8>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i))
+        .collect()
 }
