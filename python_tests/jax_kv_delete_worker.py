@@ -79,18 +79,11 @@ def main() -> int:
         from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
+        import jax_job
         import jax_plugins.crosshost as plugin
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
-        assert jax.default_backend() == "crosshost", jax.default_backend()
-        src = [d for d in jax.devices() if d.process_index == 0][0]
-        dst = [d for d in jax.devices() if d.process_index == 1][0]
+        kv, src_devices, dst_devices = jax_job.join(process_id, port)
+        src, dst = src_devices[0], dst_devices[0]
         proxy = None
         if mode in ("failing", "hanging"):
             proxy = _DeleteProxy(kv, mode, release)
@@ -102,17 +95,11 @@ def main() -> int:
         ]
         total = sum(int(e.nbytes) for e in expected)
         shardings = [SingleDeviceSharding(dst)] * len(expected)
+        xs = [jax_job.source_array(process_id, e, src) for e in expected]
         if process_id == 0:
-            xs = [jax.device_put(e, src) for e in expected]
             kv.blocking_key_value_get("crosshost_test_go", BARRIER_TIMEOUT_MS)
             jax.device_put(xs, shardings)
         else:
-            xs = [
-                jax.make_array_from_single_device_arrays(
-                    e.shape, SingleDeviceSharding(src), [], dtype=e.dtype
-                )
-                for e in expected
-            ]
             ys = jax.device_put(xs, shardings)  # the receives are posted
             kv.key_value_set("crosshost_test_go", "1")
             if mode == "gil":

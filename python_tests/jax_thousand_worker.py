@@ -52,30 +52,18 @@ def main() -> int:
         import jax
 
         jax.config.update("jax_enable_x64", True)
-        from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
+        import jax_job
         import jax_plugins.crosshost as plugin
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
-        assert jax.default_backend() == "crosshost", jax.default_backend()
-        src = [d for d in jax.devices() if d.process_index == 0][0]
-        dst_devices = [d for d in jax.devices() if d.process_index == 1]
+        kv, src_devices, dst_devices = jax_job.join(process_id, port)
+        src = src_devices[0]
 
         def source(seed):
             nbytes, dtype_name = case(seed)
             expected = make_array(seed, nbytes, dtype_name)
-            if process_id == 0:
-                return expected, jax.device_put(expected, src)
-            return expected, jax.make_array_from_single_device_arrays(
-                expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype
-            )
+            return expected, jax_job.source_array(process_id, expected, src)
 
         checked = 0
         total_bytes = 0
