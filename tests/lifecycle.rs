@@ -907,9 +907,13 @@ fn cancellation_is_published_while_the_wake_up_set_is_still_in_flight() {
         Some(Code::Cancelled),
         "the cancellation waited for the wake-up set"
     );
-    assert_eq!(h.store.calls_for(Op::Set, k.as_str()), 1, "set entered");
+    // Publishing comes before the set, so the set may not have been reached
+    // yet; it cannot return before it takes the gate below (a rendezvous).
     assert!(!canceller.is_finished(), "the wake-up set is still held");
-    release.send(()).unwrap();
+    release
+        .send_timeout((), Duration::from_secs(10))
+        .expect("the wake-up set was never issued");
+    assert_eq!(h.store.calls_for(Op::Set, k.as_str()), 1, "one wake-up set");
     canceller.join().unwrap().unwrap();
     assert_eq!(wait_retired(&rx), Ok(()));
     assert!(h.mem.is_empty(), "{:?}", h.mem.keys());
