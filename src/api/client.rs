@@ -149,9 +149,14 @@ fn delegated_ids(compute: &ComputeClient, options: &ClientOptions) -> Vec<i32> {
 fn choose_store(
     options: &ClientOptions,
     callbacks: Option<Arc<dyn RawKvCallbacks>>,
+    etcd: Option<&Arc<EtcdHandle>>,
 ) -> Result<Arc<dyn KeyValueStore>> {
     Ok(match &options.store {
         StoreChoice::NamedMemory(name) => MemoryStore::named(name),
+        StoreChoice::Etcd(_) => match etcd {
+            Some(store) => store.clone() as Arc<dyn KeyValueStore>,
+            None => return Err(crate::status::internal("kv_store=etcd without its store")),
+        },
         StoreChoice::Default | StoreChoice::Callbacks if options.num_nodes > 1 => {
             let raw = callbacks.ok_or_else(|| {
                 invalid_argument(
@@ -170,6 +175,69 @@ fn choose_store(
         StoreChoice::Default | StoreChoice::Callbacks => Arc::new(MemoryStore::new()),
     })
 }
+
+#[cfg(feature = "etcd")]
+type EtcdHandle = crate::kv::etcd::EtcdStore;
+#[cfg(not(feature = "etcd"))]
+type EtcdHandle = MemoryStore;
+
+/// Connects to etcd when `kv_store=etcd://...` asks for it.
+#[cfg(feature = "etcd")]
+fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
+    let StoreChoice::Etcd(endpoints) = &options.store else {
+        return Ok(None);
+    };
+    let store = crate::kv::etcd::EtcdStore::connect(crate::kv::etcd::EtcdConfig {
+        endpoints: endpoints.clone(),
+        lease_ttl: options.etcd_lease_ttl,
+        call_timeout: options.kv_call_timeout,
+    })
+    .map_err(|e| {
+        crate::status::Status::new(e.code, format!("PJRT_Client_Create: {}", e.message))
+    })?;
+    Ok(Some(Arc::new(store)))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
+    match &options.store {
+        StoreChoice::Etcd(_) => Err(crate::status::unimplemented(
+            "PJRT_Client_Create: kv_store=etcd://...: this build of pjrt-crosshost has no etcd \
+             client (built without the cargo feature `etcd`)",
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// Watches the other processes' session entries (they live under their
+/// leases): a process that dies ends the waits on the keys it writes.
+#[cfg(feature = "etcd")]
+fn track_etcd_peers(etcd: &EtcdHandle, session: &Session, name: &str) {
+    let entries = session
+        .processes
+        .iter()
+        .filter(|p| p.process_index != session.process_index)
+        .map(|p| {
+            (
+                p.process_index as u32,
+                Session::entry_key(name, &session.epoch, p.process_index as usize),
+            )
+        })
+        .collect();
+    let session = session.clone();
+    etcd.track_processes(
+        entries,
+        Box::new(move |key| {
+            let device = keys::writer_device_of(key)?;
+            session
+                .process_of_device(device)
+                .map(|p| p.process_index as u32)
+        }),
+    );
+}
+
+#[cfg(not(feature = "etcd"))]
+fn track_etcd_peers(_: &EtcdHandle, _: &Session, _: &str) {}
 
 /// The peer store's reader of each transfer key: the process of the device
 /// its name gives, or the process it names.
@@ -327,7 +395,8 @@ impl Client {
             },
             None => LocalDevices::sequential(backend.device_count(), &backend.device_kind(0)),
         };
-        let framework_store = choose_store(&options, callbacks)?;
+        let etcd = connect_etcd(&options)?;
+        let framework_store = choose_store(&options, callbacks, etcd.as_ref())?;
         // Transfer keys go over control links between the processes unless
         // the caller asked for its own store (kv_store=callbacks/memory).
         let use_peer_store = options.num_nodes > 1 && options.store == StoreChoice::Default;
@@ -358,6 +427,9 @@ impl Client {
         } else {
             Session::local(local)?
         };
+        if let Some(etcd) = &etcd {
+            track_etcd_peers(etcd, &session, &options.session);
+        }
         let store: Arc<dyn KeyValueStore> = match &peer_store {
             Some(peer) => {
                 connect_peers(peer, &session, options.force_tcp)?;

@@ -3,6 +3,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::backend::BackendChoice;
+use crate::kv::etcd::endpoints as etcd_endpoints;
 use crate::status::{invalid_argument, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +60,9 @@ pub enum StoreChoice {
     /// `kv_store=memory:<name>`: an in-memory store shared by name inside
     /// this process (several clients, one store).
     NamedMemory(String),
+    /// `kv_store=etcd://host:port[,...]`: an etcd cluster for everything
+    /// (session and transfer keys), these gRPC endpoints.
+    Etcd(Vec<String>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +87,9 @@ pub struct ClientOptions {
     /// Bound on one KV callback call (put, try_get, delete) of the
     /// callback store; a blocking get is bounded by its own timeout.
     pub kv_call_timeout: Duration,
+    /// TTL of the etcd store's lease (`etcd_lease_ttl_s`): how long a dead
+    /// process's keys outlive it, and how soon its peers learn of it.
+    pub etcd_lease_ttl: Duration,
     /// Bound on the bytes received host buffers hold at once (None: half
     /// the machine's memory).
     pub max_receive_bytes: Option<u64>,
@@ -114,6 +121,7 @@ impl Default for ClientOptions {
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
             kv_call_timeout: Duration::from_secs(30),
+            etcd_lease_ttl: Duration::from_secs(10),
             max_receive_bytes: None,
             shm_pool_bytes: 1 << 30,
             compute: ComputeChoice::default(),
@@ -125,7 +133,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, shm_pool_bytes, max_receive_bytes, \
+                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -200,10 +208,15 @@ impl ClientOptions {
                         Some(n) if !n.is_empty() => StoreChoice::NamedMemory(n.to_string()),
                         _ if s == "default" => StoreChoice::Default,
                         _ if s == "callbacks" => StoreChoice::Callbacks,
+                        _ if s.starts_with(etcd_endpoints::SCHEME) => {
+                            StoreChoice::Etcd(etcd_endpoints::parse(s).map_err(|e| {
+                                invalid_argument(format!("{CONTEXT}: {}", e.message))
+                            })?)
+                        }
                         _ => {
                             return Err(invalid_argument(format!(
-                                "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks' or \
-                                 'memory:<name>', got {s:?}"
+                                "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks', \
+                                 'memory:<name>' or 'etcd://host:port[,host:port...]', got {s:?}"
                             )))
                         }
                     };
@@ -231,6 +244,10 @@ impl ClientOptions {
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
                 "session_timeout_ms" => parsed.session_timeout = expect_millis(name, value)?,
                 "kv_call_timeout_ms" => parsed.kv_call_timeout = expect_millis(name, value)?,
+                "etcd_lease_ttl_s" => {
+                    parsed.etcd_lease_ttl =
+                        Duration::from_secs(expect_range(name, value, 1, 86_400)? as u64)
+                }
                 "max_receive_bytes" => {
                     parsed.max_receive_bytes = Some(expect_range(name, value, 1, 1 << 50)? as u64)
                 }
@@ -305,6 +322,33 @@ mod tests {
         assert!(
             ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd".into()))]).is_err()
         );
+    }
+
+    #[test]
+    fn an_etcd_store_names_its_members_and_lease_ttl() {
+        let o = ClientOptions::parse(&[
+            (
+                "kv_store".into(),
+                OptionValue::Str("etcd://10.0.0.1:2379,etcd-b:2380".into()),
+            ),
+            ("etcd_lease_ttl_s".into(), OptionValue::Int(3)),
+        ])
+        .unwrap();
+        assert_eq!(
+            o.store,
+            StoreChoice::Etcd(vec![
+                "http://10.0.0.1:2379".into(),
+                "http://etcd-b:2380".into()
+            ])
+        );
+        assert_eq!(o.etcd_lease_ttl, Duration::from_secs(3));
+        let e = ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd://h".into()))])
+            .unwrap_err();
+        assert!(
+            e.message.contains("PJRT_Client_Create") && e.message.contains("no :port"),
+            "{e}"
+        );
+        assert!(ClientOptions::parse(&[("etcd_lease_ttl_s".into(), OptionValue::Int(0))]).is_err());
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Key-value stores: the trait the transfer layer talks to, and its
 //! implementations (embedded memory store, the PJRT client-create callbacks,
-//! a fault-injecting test wrapper).
+//! etcd, a fault-injecting test wrapper).
 use std::time::Duration;
 
 use crate::status::Result;
 
 pub mod callback;
+pub mod etcd;
 pub mod memory;
 pub mod peer;
 pub mod test_store;

@@ -111,10 +111,22 @@ pub enum KeyReader {
     Process(i32),
 }
 
-/// The reader of a key named by this module, from its epoch segment
+/// What a transfer key's epoch segment says about its two sides.
+enum KeySides {
+    /// A v2 pair's key: completion (`true`) or descriptor, between devices.
+    Pair {
+        completion: bool,
+        src: i32,
+        dst: i32,
+    },
+    /// A v1 completion key, read by this process.
+    V1 { reader: i32 },
+}
+
+/// The sides of a key named by this module, from its epoch segment
 /// (`<session>.d<src>-<dst>[.i<a>-<b>]` for v2 pairs, `<session>.v1.p<i>`
 /// for v1); `None` for any other name.
-pub fn reader_of(key: &str) -> Option<KeyReader> {
+fn sides_of(key: &str) -> Option<KeySides> {
     let (completion, rest) = match (key.strip_prefix(RECV_PREFIX), key.strip_prefix(DESC_PREFIX)) {
         (Some(rest), _) => (true, rest),
         (_, Some(rest)) => (false, rest),
@@ -125,13 +137,44 @@ pub fn reader_of(key: &str) -> Option<KeyReader> {
     match parts.next()? {
         "v1" if completion => {
             let process = parts.next()?.strip_prefix('p')?;
-            Some(KeyReader::Process(process.parse().ok()?))
+            Some(KeySides::V1 {
+                reader: process.parse().ok()?,
+            })
         }
         pair => {
             let (src, dst) = pair.strip_prefix('d')?.split_once('-')?;
-            let (src, dst): (i32, i32) = (src.parse().ok()?, dst.parse().ok()?);
-            Some(KeyReader::Device(if completion { dst } else { src }))
+            Some(KeySides::Pair {
+                completion,
+                src: src.parse().ok()?,
+                dst: dst.parse().ok()?,
+            })
         }
+    }
+}
+
+/// The reader of a key named by this module; `None` for any other name.
+pub fn reader_of(key: &str) -> Option<KeyReader> {
+    match sides_of(key)? {
+        KeySides::V1 { reader } => Some(KeyReader::Process(reader)),
+        KeySides::Pair {
+            completion,
+            src,
+            dst,
+        } => Some(KeyReader::Device(if completion { dst } else { src })),
+    }
+}
+
+/// The device whose process writes a v2 pair's key: the sender writes the
+/// completion key, the receiver the descriptor key. `None` for v1 keys (any
+/// holder of the descriptor may send) and any other name.
+pub fn writer_device_of(key: &str) -> Option<i32> {
+    match sides_of(key)? {
+        KeySides::V1 { .. } => None,
+        KeySides::Pair {
+            completion,
+            src,
+            dst,
+        } => Some(if completion { src } else { dst }),
     }
 }
 
@@ -162,6 +205,10 @@ mod tests {
         assert_eq!(reader_of(&v2.descriptor_key()), Some(KeyReader::Device(0)));
         let v1 = CompletionKey::new("5eed.v1.p1", 0, 0).unwrap();
         assert_eq!(reader_of(v1.as_str()), Some(KeyReader::Process(1)));
+        // The writer is the other side of a pair; nobody in particular for v1.
+        assert_eq!(writer_device_of(v2.as_str()), Some(0));
+        assert_eq!(writer_device_of(&v2.descriptor_key()), Some(2048));
+        assert_eq!(writer_device_of(v1.as_str()), None);
         for other in [
             "crosshost/session/job/epoch",
             "crosshost/recv/5eed/1/0",
@@ -170,6 +217,7 @@ mod tests {
             "unrelated",
         ] {
             assert_eq!(reader_of(other), None, "{other}");
+            assert_eq!(writer_device_of(other), None, "{other}");
         }
     }
 

@@ -165,6 +165,13 @@ impl Session {
         })
     }
 
+    /// Where process `index` of session `name` (at `epoch`) states itself.
+    /// On a store with leases (etcd) this key lives exactly as long as the
+    /// process does.
+    pub fn entry_key(name: &str, epoch: &str, index: usize) -> String {
+        format!("crosshost/session/{name}/{epoch}/process/{index}")
+    }
+
     /// Agrees on the epoch and exchanges process entries with the other
     /// `num_processes - 1` processes, waiting at most `timeout` for each.
     /// `control` starts this process's control links once the job's secret
@@ -205,7 +212,7 @@ impl Session {
         };
         let mut me = ProcessEntry::mine(process_index, devices)?;
         me.control = control(&epoch, secret)?;
-        let entry_key = |i: usize| format!("crosshost/session/{name}/{epoch}/process/{i}");
+        let entry_key = |i: usize| Session::entry_key(name, &epoch, i);
         store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
         let mut processes = Vec::with_capacity(num_processes);
         for i in 0..num_processes {

@@ -1,0 +1,65 @@
+//! The async runtime under the etcd client, and the two bridges between it
+//! and the store's synchronous callers: a bounded call (spawn, then wait on
+//! a channel, so it works from any thread, a runtime thread included) and
+//! callback delivery on the blocking pool (a store callback may do real
+//! work, such as a send's copy, and must never stall the watch stream).
+use std::future::Future;
+use std::time::Duration;
+
+use once_cell::sync::Lazy;
+
+use crate::status::{self, Code, Result, Status};
+
+/// One runtime per process, shared by every etcd store: it is never torn
+/// down, so a store dropped on any thread has nothing to join.
+static RUNTIME: Lazy<tokio::runtime::Runtime> = Lazy::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("crosshost-etcd")
+        .enable_all()
+        .build()
+        .expect("building the etcd client's tokio runtime")
+});
+
+pub(super) fn handle() -> tokio::runtime::Handle {
+    RUNTIME.handle().clone()
+}
+
+/// Runs `op` on the runtime and waits at most `timeout` for it.
+pub(super) fn call<T, F>(what: &str, timeout: Duration, op: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T>> + Send + 'static,
+{
+    let (done, result) = crossbeam_channel::bounded(1);
+    let task = RUNTIME.spawn(async move {
+        let _ = done.send(tokio::time::timeout(timeout, op).await);
+    });
+    match result.recv_timeout(timeout + Duration::from_millis(200)) {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) | Err(_) => {
+            task.abort();
+            Err(status::deadline_exceeded(format!(
+                "{what}: no answer from etcd within {timeout:?}"
+            )))
+        }
+    }
+}
+
+/// Runs a store callback off the runtime's worker threads.
+pub(super) fn deliver(callback: impl FnOnce() + Send + 'static) {
+    RUNTIME.spawn_blocking(callback);
+}
+
+/// An etcd client error as a status: gRPC codes are PJRT's codes; a
+/// transport failure means the server could not be reached.
+pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
+    let code = match &error {
+        etcd_client::Error::GRpcStatus(s) => Code::from_raw(s.code() as i32),
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
+            Code::InvalidArgument
+        }
+        _ => Code::Unavailable,
+    };
+    Status::new(code, format!("{what}: {error}"))
+}

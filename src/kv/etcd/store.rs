@@ -1,0 +1,298 @@
+//! The store itself: the `KeyValueStore` calls as etcd RPCs, each bounded.
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, DeleteOptions, PutOptions};
+use tokio::sync::watch;
+
+use super::lease::Lease;
+use super::runtime::{self, status_of};
+use super::watches::{Watches, WriterOf};
+use crate::kv::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
+use crate::status::{self, Result};
+
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// gRPC endpoints, `http://host:port` (see `endpoints::parse`).
+    pub endpoints: Vec<String>,
+    /// The lease's TTL: how long a dead process's keys outlive it.
+    pub lease_ttl: Duration,
+    /// Bound on every call, and on how long a wait may go without a watch.
+    pub call_timeout: Duration,
+}
+
+pub struct EtcdStore {
+    client: Client,
+    lease: Arc<Lease>,
+    watches: Arc<Watches>,
+    stop: watch::Sender<bool>,
+    config: EtcdConfig,
+    describe: String,
+}
+
+impl EtcdStore {
+    /// Connects and takes this process's lease; UNAVAILABLE (naming the
+    /// endpoints) when etcd cannot be reached within the call timeout.
+    pub fn connect(config: EtcdConfig) -> Result<EtcdStore> {
+        let describe = config.endpoints.join(",");
+        let ttl_seconds = config.lease_ttl.as_secs().max(1) as i64;
+        let timeout = config.call_timeout;
+        let endpoints = config.endpoints.clone();
+        let connect_timeout = timeout.min(Duration::from_secs(5));
+        let (client, lease) = runtime::call("etcd connect", timeout, async move {
+            let options = ConnectOptions::new()
+                .with_connect_timeout(connect_timeout)
+                .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+                .with_keep_alive_while_idle(true);
+            let mut client = Client::connect(endpoints, Some(options))
+                .await
+                .map_err(|e| status_of("etcd connect", e))?;
+            let lease = Lease::grant(&mut client, ttl_seconds).await?;
+            Ok((client, lease))
+        })
+        .map_err(|e| {
+            status::Status::new(
+                e.code,
+                format!("cannot reach etcd at {describe}: {}", e.message),
+            )
+        })?;
+        let lease = Arc::new(lease);
+        let (stop, stopped) = watch::channel(false);
+        runtime::handle().spawn(lease.clone().keep_alive(
+            client.clone(),
+            ttl_seconds,
+            stopped.clone(),
+        ));
+        let watches = Watches::start(client.clone(), timeout, describe.clone(), stopped);
+        log::info!(
+            "etcd store at {describe}: lease {:x}, TTL {:?}",
+            lease.id(),
+            lease.ttl()
+        );
+        Ok(EtcdStore {
+            client,
+            lease,
+            watches,
+            stop,
+            config,
+            describe,
+        })
+    }
+
+    /// The TTL etcd granted (never below its own minimum).
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease.ttl()
+    }
+
+    pub fn lease_id(&self) -> i64 {
+        self.lease.id()
+    }
+
+    /// Watches the given processes' liveness keys (their session entries);
+    /// a process whose key disappears fails the waits on keys it writes.
+    pub fn track_processes(&self, entries: Vec<(u32, String)>, writer_of: WriterOf) {
+        self.watches.track_processes(entries, writer_of);
+    }
+
+    /// Waits registered and not yet fired or cancelled.
+    pub fn pending_waiters(&self) -> usize {
+        self.watches.pending_waiters()
+    }
+
+    /// Watches open on the stream for those waits and the liveness keys.
+    pub fn active_watches(&self) -> usize {
+        self.watches.active_watches()
+    }
+
+    /// Ranges of waits still in flight; 0 once every wait registered so far
+    /// has either fired or is covered by a watch (or is uncovered, etcd
+    /// being unreachable).
+    pub fn arms_in_flight(&self) -> usize {
+        self.watches.arms_in_flight()
+    }
+
+    /// Whether the watch stream is up.
+    pub fn stream_is_up(&self) -> bool {
+        self.watches.stream_is_up()
+    }
+
+    /// Test hook: waits on `key` with a watch from `start_revision` and no
+    /// Range first (how a test reaches the compaction path).
+    #[doc(hidden)]
+    pub fn async_get_watching_from(
+        &self,
+        key: &str,
+        start_revision: i64,
+        callback: GetCallback,
+    ) -> Result<WaiterId> {
+        self.watches
+            .register_from_revision(key, start_revision, callback)
+    }
+
+    fn put_op(&self, key: &str, value: &[u8]) -> impl std::future::Future<Output = Result<()>> {
+        let mut client = self.client.clone();
+        let (key, value) = (key.to_string(), value.to_vec());
+        let lease = self.lease.id();
+        async move {
+            client
+                .put(
+                    key.as_str(),
+                    value,
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| status_of(&format!("etcd put {key}"), e))
+        }
+    }
+
+    fn delete_op(&self, key: &str) -> impl std::future::Future<Output = Result<()>> {
+        let mut client = self.client.clone();
+        let key = key.to_string();
+        async move {
+            client
+                .delete(key.as_str(), None::<DeleteOptions>)
+                .await
+                .map(drop)
+                .map_err(|e| status_of(&format!("etcd delete {key}"), e))
+        }
+    }
+
+    /// Runs `op` on the runtime and reports to `done`, bounded.
+    fn report(
+        &self,
+        what: String,
+        op: impl std::future::Future<Output = Result<()>> + Send + 'static,
+        done: SetCallback,
+    ) {
+        let timeout = self.config.call_timeout;
+        runtime::handle().spawn(async move {
+            let outcome = match tokio::time::timeout(timeout, op).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(status::deadline_exceeded(format!(
+                    "{what}: no answer from etcd within {timeout:?}"
+                ))),
+            };
+            runtime::deliver(move || done(outcome));
+        });
+    }
+}
+
+impl KeyValueStore for EtcdStore {
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let id = self.async_get(
+            key,
+            Box::new(move |value| {
+                let _ = tx.send(value);
+            }),
+        )?;
+        match rx.recv_timeout(timeout) {
+            Ok(value) => value,
+            Err(_) => {
+                if !self.cancel_async_get(key, id) {
+                    // It fired just now.
+                    if let Ok(value) = rx.recv_timeout(Duration::from_millis(100)) {
+                        return value;
+                    }
+                }
+                Err(status::deadline_exceeded(format!(
+                    "etcd get {key}: not present within {timeout:?}"
+                )))
+            }
+        }
+    }
+
+    fn try_get(&self, key: &str) -> Result<Vec<u8>> {
+        let mut client = self.client.clone();
+        let owned = key.to_string();
+        let answer = runtime::call(
+            &format!("etcd range {key}"),
+            self.config.call_timeout,
+            async move {
+                client
+                    .get(owned.as_str(), None)
+                    .await
+                    .map_err(|e| status_of(&format!("etcd range {owned}"), e))
+            },
+        )?;
+        answer
+            .kvs()
+            .first()
+            .map(|kv| kv.value().to_vec())
+            .ok_or_else(|| status::not_found(format!("etcd: no key {key}")))
+    }
+
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        runtime::call(
+            &format!("etcd put {key}"),
+            self.config.call_timeout,
+            self.put_op(key, value),
+        )
+    }
+
+    fn set_async(&self, key: &str, value: &[u8], done: SetCallback) {
+        self.report(format!("etcd put {key}"), self.put_op(key, value), done);
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        runtime::call(
+            &format!("etcd delete {key}"),
+            self.config.call_timeout,
+            self.delete_op(key),
+        )
+    }
+
+    fn delete_async(&self, key: &str, done: SetCallback) {
+        self.report(format!("etcd delete {key}"), self.delete_op(key), done);
+    }
+
+    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
+        self.watches.register(key, None, callback)
+    }
+
+    fn async_get_changed(
+        &self,
+        key: &str,
+        stale: &[u8],
+        callback: GetCallback,
+    ) -> Result<WaiterId> {
+        self.watches.register(key, Some(stale), callback)
+    }
+
+    fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {
+        self.watches.cancel(key, id)
+    }
+
+    fn capabilities(&self) -> StoreCapabilities {
+        StoreCapabilities {
+            can_delete: true,
+            can_overwrite: true,
+        }
+    }
+}
+
+impl Drop for EtcdStore {
+    /// Revokes the lease (every key this store wrote goes with it) within a
+    /// short bound, so destroy returns promptly even with etcd gone.
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.watches.close();
+        let mut client = self.client.clone();
+        let id = self.lease.id();
+        let bound = self.config.call_timeout.min(Duration::from_secs(1));
+        if let Err(e) = runtime::call("etcd lease revoke", bound, async move {
+            client
+                .lease_revoke(id)
+                .await
+                .map(drop)
+                .map_err(|e| status_of("etcd lease revoke", e))
+        }) {
+            log::warn!(
+                "etcd store at {}: {e}; its keys expire with the lease's TTL ({:?})",
+                self.describe,
+                self.lease.ttl()
+            );
+        }
+    }
+}
