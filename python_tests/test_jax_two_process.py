@@ -170,6 +170,40 @@ def test_cross_process_device_put_over_tcp(tmp_path, compute):
     assert receiver["metrics"]["stale_receipts_rejected"] == 0
 
 
+def test_cross_process_device_put_with_every_key_in_etcd(tmp_path):
+    # kv_store=etcd://: the session and every transfer key in a real etcd
+    # server, none in JAX's coordination service; afterwards none in etcd.
+    from etcd_server import EtcdServer
+
+    etcd = EtcdServer()
+    try:
+        options = f"kv_store={etcd.url},etcd_lease_ttl_s=2"
+        _, receiver = run_job(tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": options})
+        checks = receiver["checks"]
+        bad = [c for c in checks if not all(v for k, v in c.items() if k.endswith("_ok"))]
+        assert not bad and len(checks) == receiver["num_transfers"], bad
+        r = receiver["metrics"]
+        assert r["bytes_received"] == receiver["total_bytes"], r
+        assert r["keys_deleted"] == r["keys_created"] == KEYS_PER_RECEIVED_BUFFER * len(checks), r
+        assert receiver["jax_store_transfer_keys"] == []
+        # Deleted as each buffer was retired; whatever else the processes
+        # wrote went with their leases (revoked, or expired if JAX exited
+        # without destroying its client).
+        assert not etcd.transfer_keys(), etcd.transfer_keys()[:5]
+        assert th_poll(lambda: etcd.keys() == [], 5), etcd.keys()
+    finally:
+        etcd.close()
+
+
+def th_poll(pred, timeout):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 @pytest.mark.parametrize("route", ["jax_delete", "no_delete"])
 def test_with_kv_store_callbacks_keys_in_jax_store_are_deleted_through_jax_or_never_complete_a_later_buffer(
     tmp_path, route

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing pjrt-crosshost needs on a fresh machine,
 # skipping whatever is already there (safe to run again):
-#   - libclang-dev (bindgen needs libclang), a C and a C++ compiler, from apt;
+#   - libclang-dev (bindgen needs libclang), a C and a C++ compiler, protoc
+#     (protobuf-compiler: the etcd client's build generates its gRPC code),
+#     and etcd 3.4 (etcd-server, etcd-client: the etcd store's tests run a
+#     real server and list its keys with etcdctl), from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
 #   - jax and jaxlib 0.10.2 for python_tests/test_jax_*.py, from PyPI (a
 #     failure only warns: those tests then skip, saying why);
@@ -32,6 +35,9 @@ if ! dpkg -s libclang-dev >/dev/null 2>&1; then apt_pkgs+=(libclang-dev); fi
 if ! command -v cc >/dev/null 2>&1; then apt_pkgs+=(gcc libc6-dev); fi
 # The v5 descriptor-pointer shim (src/ffi/cxx/) is C++.
 if ! command -v c++ >/dev/null 2>&1; then apt_pkgs+=(g++); fi
+if ! command -v protoc >/dev/null 2>&1; then apt_pkgs+=(protobuf-compiler); fi
+if [ ! -x /usr/bin/etcd ] && [ ! -x /usr/local/bin/etcd ]; then apt_pkgs+=(etcd-server); fi
+if ! command -v etcdctl >/dev/null 2>&1; then apt_pkgs+=(etcd-client); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   say "installing ${apt_pkgs[*]} with apt-get"
   $SUDO apt-get update

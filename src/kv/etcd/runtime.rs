@@ -55,6 +55,13 @@ pub(super) fn deliver(callback: impl FnOnce() + Send + 'static) {
 /// transport failure means the server could not be reached.
 pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
     let code = match &error {
+        // The client's own transport failed (the server went away mid-call).
+        etcd_client::Error::GRpcStatus(s)
+            if Code::from_raw(s.code() as i32) == Code::Unknown
+                && std::error::Error::source(s).is_some() =>
+        {
+            Code::Unavailable
+        }
         etcd_client::Error::GRpcStatus(s) => Code::from_raw(s.code() as i32),
         etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
             Code::InvalidArgument
