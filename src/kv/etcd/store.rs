@@ -104,9 +104,9 @@ impl EtcdStore {
         self.watches.active_watches()
     }
 
-    /// Ranges of waits still in flight; 0 once every wait registered so far
-    /// has either fired or is covered by a watch (or is uncovered, etcd
-    /// being unreachable).
+    /// Waits not settled yet; 0 once every wait registered so far has
+    /// either fired or is covered by a confirmed watch (never 0 while etcd
+    /// is unreachable and a wait is pending).
     pub fn arms_in_flight(&self) -> usize {
         self.watches.arms_in_flight()
     }

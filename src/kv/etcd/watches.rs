@@ -1,13 +1,18 @@
 //! Every wait of one etcd store, on one multiplexed watch stream.
 //!
-//! A wait on a key is a Range, then — if no value satisfies it — a watch of
-//! that key from the Range's revision + 1, so no write between the two is
-//! missed. All watches of a store share one gRPC stream, each under an id we
-//! choose. When the stream breaks (etcd restarted, a network cut), every
-//! key's watch is gone: the key is "uncovered", is re-armed (a new Range, a
-//! new watch) as soon as a stream is back, and its waiters fail UNAVAILABLE
-//! if it stays uncovered longer than the call timeout. A watch that etcd
-//! cancels because its start revision was compacted is re-armed the same way.
+//! A wait on a key is a watch of that key from "now", then — once etcd has
+//! confirmed the watch — a Range: a write before the watch shows in the
+//! Range, a write after it comes as an event, so none is missed. (The other
+//! order, a Range and then a watch from its revision + 1, makes etcd serve
+//! the watch from history whenever any write landed in between, and etcd
+//! catches such "unsynced" watches up only every 100 ms: a 100 ms stall on
+//! most transfers, where the receiver's own descriptor write is that write.)
+//! All watches of a store share one gRPC stream, each under an id we choose.
+//! When the stream breaks (etcd restarted, a network cut), every key's watch
+//! is gone: the key is "uncovered", is re-armed (a new watch, a new Range)
+//! as soon as a stream is back, and its waiters fail UNAVAILABLE if it stays
+//! uncovered longer than the call timeout. A watch that etcd cancels (a
+//! compacted start revision) is re-armed the same way.
 //!
 //! Liveness: each process of the job keeps its session entry under its
 //! lease. An entry's deletion (lease revoked or expired) marks its process
@@ -52,6 +57,8 @@ struct KeyEntry {
     waiters: Vec<Waiter>,
     /// The watch covering this key on the live stream.
     watch: Option<i64>,
+    /// etcd confirmed that watch: a Range now sees everything before it.
+    confirmed: bool,
     /// Since when no watch covers the key (stream down, a failed Range).
     uncovered_since: Option<Instant>,
     /// A maintenance re-arm is in flight.
@@ -130,6 +137,34 @@ impl State {
 
     fn lost_writer(&self, key: &str) -> Option<u32> {
         self.writer(key).filter(|p| self.lost.contains(p))
+    }
+
+    /// Asks for a watch of `key` from now, if a stream is up and none is
+    /// there; the Range follows etcd's confirmation.
+    fn open_watch(&mut self, key: &str, requests: &mpsc::UnboundedSender<StreamRequest>) {
+        let Some(generation) = self.stream else {
+            if let Some(entry) = self.keys.get_mut(key) {
+                entry.uncovered_since.get_or_insert_with(Instant::now);
+            }
+            return;
+        };
+        let watch_id = self.next_watch_id;
+        let Some(entry) = self.keys.get_mut(key) else {
+            return;
+        };
+        if entry.watch.is_some() {
+            return;
+        }
+        entry.watch = Some(watch_id);
+        entry.confirmed = false;
+        self.next_watch_id += 1;
+        self.by_watch.insert(watch_id, key.to_string());
+        let _ = requests.send(StreamRequest::Create {
+            generation,
+            key: key.to_string(),
+            watch_id,
+            start_revision: 0,
+        });
     }
 
     /// Drops an entry nobody waits on, and its watch.
@@ -237,6 +272,13 @@ impl Watches {
                     unless: unless.map(<[u8]>::to_vec),
                     callback,
                 });
+            let confirmed = state.keys.get(key).is_some_and(|e| e.confirmed);
+            if !confirmed {
+                // The Range runs when etcd confirms the watch (a watch being
+                // opened covers this waiter too).
+                state.open_watch(key, &self.requests);
+                return Ok(WaiterId(id));
+            }
             id
         };
         self.spawn_arm(key.to_string(), None, false);
@@ -316,10 +358,8 @@ impl Watches {
                     .or_default()
                     .waiters
                     .push(Waiter::Absence { process: *process });
+                state.open_watch(key, &self.requests);
             }
-        }
-        for (_, key) in entries {
-            self.spawn_arm(key, None, false);
         }
     }
 
@@ -357,8 +397,14 @@ impl Watches {
         self.state.lock().by_watch.len()
     }
 
+    /// Waits not settled yet: Ranges in flight, and keys without a watch
+    /// etcd confirmed (their Range is still to come).
     pub(super) fn arms_in_flight(&self) -> usize {
-        self.arms_in_flight.load(Ordering::Acquire)
+        let unconfirmed = {
+            let state = self.state.lock();
+            state.keys.values().filter(|e| !e.confirmed).count()
+        };
+        unconfirmed + self.arms_in_flight.load(Ordering::Acquire)
     }
 
     fn spawn_arm(self: &Arc<Self>, key: String, at_revision: Option<i64>, rearm: bool) {
@@ -371,17 +417,14 @@ impl Watches {
     }
 
     /// Range(key) (at `at_revision` for a lost writer's check), then settles
-    /// the key's waiters and watches it if any are left.
+    /// the key's waiters. The key's watch covers everything after.
     async fn arm(self: Arc<Self>, key: String, at_revision: Option<i64>, rearm: bool) {
         let mut client = self.client.clone();
         let options = at_revision.map(|r| GetOptions::new().with_revision(r));
         let range =
             tokio::time::timeout(self.call_timeout, client.get(key.as_str(), options)).await;
         let range = match range {
-            Ok(Ok(answer)) => Ok((
-                answer.kvs().first().map(|kv| kv.value().to_vec()),
-                answer.header().map_or(0, |h| h.revision()),
-            )),
+            Ok(Ok(answer)) => Ok(answer.kvs().first().map(|kv| kv.value().to_vec())),
             Ok(Err(e)) => Err(status_of(&format!("etcd range {key}"), e)),
             Err(_) => Err(status::deadline_exceeded(format!(
                 "etcd range {key}: no answer within {:?}",
@@ -394,17 +437,14 @@ impl Watches {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             let lost_writer = state.lost_writer(&key);
-            let generation = state.stream;
-            let next_watch = state.next_watch_id;
             let Some(entry) = state.keys.get_mut(&key) else {
                 return;
             };
             if rearm {
                 entry.rearming = false;
             }
-            let mut new_watch = None;
             match range {
-                Ok((value, revision)) => {
+                Ok(value) => {
                     match &value {
                         Some(v) => entry.take_satisfied(v, &mut fires),
                         None => gone = entry.take_absences(),
@@ -412,17 +452,8 @@ impl Watches {
                     if let Some(process) = lost_writer {
                         entry.take_value_waiters(&lost_status(process, &key), &mut fires);
                     }
-                    if !entry.waiters.is_empty() && entry.watch.is_none() {
-                        match generation {
-                            Some(generation) => {
-                                new_watch = Some((generation, revision + 1));
-                                entry.watch = Some(next_watch);
-                                entry.uncovered_since = None;
-                            }
-                            None => {
-                                entry.uncovered_since.get_or_insert_with(Instant::now);
-                            }
-                        }
+                    if entry.confirmed {
+                        entry.uncovered_since = None;
                     }
                 }
                 Err(error) => {
@@ -430,23 +461,13 @@ impl Watches {
                         Some(process) => {
                             entry.take_value_waiters(&lost_status(process, &key), &mut fires)
                         }
-                        None if entry.watch.is_none() => {
+                        // Maintenance ranges again while the stream is up.
+                        None => {
                             entry.uncovered_since.get_or_insert_with(Instant::now);
                         }
-                        None => {}
                     }
                     state.last_error = error.message;
                 }
-            }
-            if let Some((generation, start_revision)) = new_watch {
-                state.next_watch_id += 1;
-                state.by_watch.insert(next_watch, key.clone());
-                let _ = self.requests.send(StreamRequest::Create {
-                    generation,
-                    key: key.clone(),
-                    watch_id: next_watch,
-                    start_revision,
-                });
             }
             state.forget_if_idle(&key, &self.requests);
         }
@@ -524,19 +545,19 @@ impl Watches {
             };
             generation += 1;
             backoff = Duration::from_millis(50);
-            let rearm: Vec<String> = {
+            {
                 let mut state = self.state.lock();
                 state.stream = Some(generation);
-                state.keys.keys().cloned().collect()
-            };
-            if generation > 1 {
-                log::info!(
-                    "etcd watch stream re-established; re-arming {} keys",
-                    rearm.len()
-                );
-            }
-            for key in rearm {
-                self.spawn_arm(key, None, false);
+                let keys: Vec<String> = state.keys.keys().cloned().collect();
+                if generation > 1 {
+                    log::info!(
+                        "etcd watch stream re-established; re-arming {} keys",
+                        keys.len()
+                    );
+                }
+                for key in keys {
+                    state.open_watch(&key, &self.requests);
+                }
             }
             let (mut sender, mut responses) = stream.split();
             let broken = loop {
@@ -600,6 +621,7 @@ impl Watches {
         let now = Instant::now();
         for entry in state.keys.values_mut() {
             entry.watch = None;
+            entry.confirmed = false;
             entry.uncovered_since.get_or_insert(now);
         }
     }
@@ -609,6 +631,7 @@ impl Watches {
     fn maintain(self: &Arc<Self>) {
         let mut fires = Vec::new();
         let mut rearm = Vec::new();
+        let mut reopen = Vec::new();
         {
             let mut state = self.state.lock();
             let up = state.stream.is_some();
@@ -626,13 +649,18 @@ impl Watches {
                     ));
                     entry.take_value_waiters(&error, &mut fires);
                     emptied.push(key.clone());
-                } else if up && !entry.rearming && entry.watch.is_none() {
+                } else if up && entry.watch.is_none() {
+                    reopen.push(key.clone());
+                } else if up && entry.confirmed && !entry.rearming {
                     entry.rearming = true;
                     rearm.push(key.clone());
                 }
             }
             for key in emptied {
                 state.forget_if_idle(&key, &self.requests);
+            }
+            for key in reopen {
+                state.open_watch(&key, &self.requests);
             }
         }
         fire_all(fires);
@@ -651,19 +679,29 @@ impl Watches {
         let mut rearm = None;
         {
             let mut state = self.state.lock();
-            if response.canceled() {
+            if response.created() && !response.canceled() {
+                if let Some(key) = state.by_watch.get(&id).cloned() {
+                    if let Some(entry) = state.keys.get_mut(&key) {
+                        if entry.watch == Some(id) {
+                            entry.confirmed = true;
+                            rearm = Some(key);
+                        }
+                    }
+                }
+            } else if response.canceled() {
                 // Compacted past our start revision, or refused: read again.
                 if let Some(key) = state.by_watch.remove(&id) {
                     if let Some(entry) = state.keys.get_mut(&key) {
                         if entry.watch == Some(id) {
                             entry.watch = None;
+                            entry.confirmed = false;
                             entry.uncovered_since.get_or_insert_with(Instant::now);
                             log::debug!(
                                 "etcd watch on {key} cancelled (compact revision {}, {:?}); re-arming",
                                 response.compact_revision(),
                                 response.cancel_reason()
                             );
-                            rearm = Some(key);
+                            state.open_watch(&key, &self.requests);
                         }
                     }
                 }
