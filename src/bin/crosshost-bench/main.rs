@@ -6,9 +6,15 @@
 //! With no flags: the parent (node 0, sender) owns the KV store and serves
 //! the child (node 1, receiver) over a Unix socket; both hand it to the
 //! plugin through the PJRT KV callbacks plus the delete extension.
+//!
+//! `--kv etcd [--etcd etcd://HOST:PORT]`: the same transfers with every key
+//! in the parent's memory store through the callbacks (`kv_store=callbacks`)
+//! and in etcd (`kv_store=etcd://...`), side by side (kv_compare.rs).
 mod child_link;
+mod etcd_server;
 mod ffi_client;
 mod kv;
+mod kv_compare;
 mod staggered;
 mod stats;
 
@@ -71,8 +77,15 @@ fn library_path(explicit: Option<String>) -> String {
         .into_owned()
 }
 
-fn job_options(node: i64, session: &str, pool_bytes: i64) -> Vec<(&'static str, OptionValue)> {
-    vec![
+/// The create options of one process of a pair; `kv_store` only when asked
+/// for (the default mode passes none and gets the plugin's default store).
+fn job_options(
+    node: i64,
+    session: &str,
+    pool_bytes: i64,
+    kv_store: Option<&str>,
+) -> Vec<(&'static str, OptionValue)> {
+    let mut options = vec![
         ("shm_pool_bytes", OptionValue::Int(pool_bytes)),
         ("num_devices", OptionValue::Int(1)),
         ("node_id", OptionValue::Int(node)),
@@ -81,7 +94,11 @@ fn job_options(node: i64, session: &str, pool_bytes: i64) -> Vec<(&'static str, 
         ("receive_timeout_ms", OptionValue::Int(60_000)),
         ("send_timeout_ms", OptionValue::Int(60_000)),
         ("session_timeout_ms", OptionValue::Int(60_000)),
-    ]
+    ];
+    if let Some(store) = kv_store {
+        options.push(("kv_store", OptionValue::Str(store.to_string())));
+    }
+    options
 }
 
 fn main() {
@@ -100,10 +117,30 @@ fn main() {
             &socket,
             flag("--session").unwrap_or_default(),
             pool,
+            flag("--kv-store"),
         )
     } else if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: crosshost-bench [--quick] [--lib PATH]\n  two-process transfer benchmark (see README)");
+        println!(
+            "usage: crosshost-bench [--quick] [--lib PATH]\n  two-process transfer benchmark (see README)\n\n\
+             usage: crosshost-bench --kv etcd [--etcd etcd://HOST:PORT[,HOST:PORT...]] [--quick] [--lib PATH]\n  \
+             the same transfers with every key in the parent's memory store through the KV callbacks\n  \
+             (kv_store=callbacks) and in etcd (kv_store=etcd://...), side by side; without --etcd it\n  \
+             starts its own etcd server (/usr/bin/etcd, data on /dev/shm) and removes it afterwards"
+        );
         Ok(())
+    } else if let Some(kv) = flag("--kv") {
+        match kv.as_str() {
+            "etcd" => kv_compare::run(
+                &library_path(flag("--lib")),
+                args.iter().any(|a| a == "--quick"),
+                flag("--etcd"),
+            ),
+            other => Err(format!(
+                "--kv {other:?}: the only store to compare with is etcd (--kv etcd)"
+            )),
+        }
+    } else if args.iter().any(|a| a == "--kv") {
+        Err("--kv needs a value: --kv etcd".to_string())
     } else {
         run_parent(
             &library_path(flag("--lib")),
@@ -118,13 +155,19 @@ fn main() {
 
 // ---------------------------------- child -----------------------------------
 
-fn run_child(lib: &str, socket: &str, session: String, pool_bytes: i64) -> Result<()> {
+fn run_child(
+    lib: &str,
+    socket: &str,
+    session: String,
+    pool_bytes: i64,
+    kv_store: Option<String>,
+) -> Result<()> {
     let plugin = Plugin::load(lib)?;
     let target = Box::new(CallbackTarget(Arc::new(RemoteStore::new(
         std::path::Path::new(socket),
     ))));
     let client = plugin.create_client(
-        &job_options(1, &session, pool_bytes),
+        &job_options(1, &session, pool_bytes, kv_store.as_deref()),
         Some(&kv::callbacks(&target)),
     )?;
     let stdin = std::io::stdin();
@@ -190,26 +233,31 @@ impl Pair {
         target: &CallbackTarget,
         session: &str,
         pool_bytes: i64,
+        kv_store: Option<&str>,
     ) -> Result<Pair> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let child = Command::new(exe)
-            .args([
-                "--child",
-                socket.to_str().unwrap(),
-                "--lib",
-                lib,
-                "--session",
-                session,
-                "--pool-bytes",
-                &pool_bytes.to_string(),
-            ])
+        let mut command = Command::new(exe);
+        command.args([
+            "--child",
+            socket.to_str().unwrap(),
+            "--lib",
+            lib,
+            "--session",
+            session,
+            "--pool-bytes",
+            &pool_bytes.to_string(),
+        ]);
+        if let Some(store) = kv_store {
+            command.args(["--kv-store", store]);
+        }
+        let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawning the receiver process: {e}"))?;
         let link = ChildLink::new(child)?;
         let client = plugin.create_client(
-            &job_options(0, session, pool_bytes),
+            &job_options(0, session, pool_bytes, kv_store),
             Some(&kv::callbacks(target)),
         )?;
         let peer_device = client.addressable_device_ids()?[0] + 1;
@@ -291,6 +339,7 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
         &target,
         &format!("bench-{}-pool", std::process::id()),
         1 << 30,
+        None,
     )?;
     let mut rows = Vec::new();
     for (n, case) in cases(quick).iter().enumerate() {
@@ -306,6 +355,7 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
         &target,
         &format!("bench-{}-fresh", std::process::id()),
         0,
+        None,
     )?;
     let largest = if quick {
         Case {

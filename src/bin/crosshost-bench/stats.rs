@@ -271,3 +271,115 @@ fn verdict(ok: bool) -> &'static str {
         "NOT met"
     }
 }
+
+/// `--kv etcd`: the same cases over the memory store (through the KV
+/// callbacks) and over etcd, with what each store holds afterwards.
+pub struct KvComparison<'a> {
+    /// Per case: (memory store, etcd).
+    pub rows: &'a [(Row, Row)],
+    pub kv_store: &'a str,
+    /// Transfer keys with the clients alive: first count, count once the
+    /// last deletes landed (or the wait ran out), and the time that took.
+    pub memory_transfer_keys: (usize, usize, std::time::Duration),
+    pub memory_transfer_keys_after_close: usize,
+    pub memory_other_keys_after_close: usize,
+    pub etcd_transfer_keys_live: (usize, usize, std::time::Duration),
+    pub etcd_transfer_keys_after_close: usize,
+    pub etcd_other_keys_after_close: usize,
+    /// (receiver, sender) metrics JSON.
+    pub memory_metrics: (String, String),
+    pub etcd_metrics: (String, String),
+}
+
+/// One integer field of the plugin's flat metrics JSON.
+fn metric(json: &str, name: &str) -> String {
+    let tag = format!("\"{name}\":");
+    json.find(&tag)
+        .map(|i| {
+            json[i + tag.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn key_counters(json: &str) -> String {
+    format!(
+        "keys_created {} keys_deleted {}",
+        metric(json, "keys_created"),
+        metric(json, "keys_deleted")
+    )
+}
+
+fn live_keys(counts: &(usize, usize, std::time::Duration)) -> String {
+    let (first, last, took) = counts;
+    if first == last {
+        format!("{last}")
+    } else {
+        format!(
+            "{last} ({first} at the first count, {:.0} ms earlier)",
+            took.as_secs_f64() * 1e3
+        )
+    }
+}
+
+pub fn print_kv_comparison(c: &KvComparison) {
+    println!(
+        "{:>9} {:>5}   {:^32}   {:^32}   {:>8}",
+        "", "", "memory store (callbacks)", "etcd", "etcd/mem"
+    );
+    println!(
+        "{:>9} {:>5}   {:>11} {:>10} {:>9}   {:>11} {:>10} {:>9}   {:>8}",
+        "size", "batch", "total µs", "rdy p50µs", "GB/s", "total µs", "rdy p50µs", "GB/s", "total"
+    );
+    for (m, e) in c.rows {
+        println!(
+            "{:>9} {:>5}   {:>11.1} {:>10.1} {:>9.3}   {:>11.1} {:>10.1} {:>9.3}   {:>7.2}x",
+            size_name(m.bytes),
+            m.batch,
+            m.total_us,
+            m.notify_p50_us,
+            m.gbps,
+            e.total_us,
+            e.notify_p50_us,
+            e.gbps,
+            e.total_us / m.total_us
+        );
+    }
+    println!("\nmedians per case. total = sender's send call to the last buffer ready on the receiver; rdy = receiver's buffer ready minus the sender's send event for the same buffer (the completion overhead), across processes; GB/s = bytes x batch / total; etcd/mem = etcd's total over the memory store's.");
+    println!(
+        "\nmemory store: transfer keys left {} with the clients alive, {} after they closed; other keys left {}",
+        live_keys(&c.memory_transfer_keys),
+        c.memory_transfer_keys_after_close,
+        c.memory_other_keys_after_close
+    );
+    println!(
+        "etcd ({}): transfer keys left (crosshost/recv/, crosshost/desc/) {} with the clients alive, {} after they closed (leases revoked); other crosshost/ keys left {}",
+        c.kv_store,
+        live_keys(&c.etcd_transfer_keys_live),
+        c.etcd_transfer_keys_after_close,
+        c.etcd_other_keys_after_close
+    );
+    println!(
+        "plugin metrics, memory store: receiver {}; sender {}",
+        key_counters(&c.memory_metrics.0),
+        key_counters(&c.memory_metrics.1)
+    );
+    println!(
+        "plugin metrics, etcd:         receiver {}; sender {}",
+        key_counters(&c.etcd_metrics.0),
+        key_counters(&c.etcd_metrics.1)
+    );
+    println!(
+        "\n  zero transfer keys left in etcd (clients alive): {}  {}",
+        c.etcd_transfer_keys_live.1,
+        verdict(c.etcd_transfer_keys_live.1 == 0 && c.etcd_transfer_keys_after_close == 0)
+    );
+    println!(
+        "  zero transfer keys left in the memory store:     {}  {}",
+        c.memory_transfer_keys.1,
+        verdict(c.memory_transfer_keys.1 == 0 && c.memory_transfer_keys_after_close == 0)
+    );
+}
