@@ -93,8 +93,9 @@ def test_v2_both_directions_over_etcd_leave_no_key(xh, jobs, etcd, server, trans
     assert etcd.keys() == [], etcd.keys()
 
 
-def test_v1_descriptors_relayed_both_directions_over_etcd(xh, jobs, etcd):
-    job = jobs("v1")
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_v1_descriptors_relayed_both_directions_over_etcd(xh, jobs, etcd, transport):
+    job = jobs("v1", **({} if transport == "auto" else {"transport": transport}))
     c = job.client
     d0 = c.addressable_devices()[0]
     specs = peer.V1_SPECS
@@ -143,6 +144,7 @@ def test_a_killed_receivers_keys_go_with_its_lease_and_the_waiting_sender_fails_
     gone_after = time.monotonic() - t0
     assert gone, etcd.keys()
     assert gone_after < TTL_S + 1, f"keys gone after {gone_after:.2f}s"
+    print(f"TTL {TTL_S}s: send failed after {failed_after:.2f}s, keys gone after {gone_after:.2f}s")
 
 
 def test_an_etcd_server_stopped_mid_job_ends_waits_clearly_and_a_restart_serves_new_transfers(

@@ -12,7 +12,10 @@ Environment (all optional, read when JAX initializes its backends):
     (``num_devices=4,receive_timeout_ms=60000``); values that read as
     integers are passed as int64, ``true``/``false`` as bools, the rest as
     strings. The plugin's options: num_devices, session, kv_store, transport,
-    tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms.
+    tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms,
+    kv_call_timeout_ms, etcd_lease_ttl_s, max_receive_bytes, shm_pool_bytes.
+    ``kv_store=etcd://host:port[,host:port...]`` keeps every key of the job
+    in etcd instead of JAX's coordination service (README, "etcd").
     In a ``jax.distributed`` job JAX adds node_id and num_nodes itself.
 ``PJRT_CROSSHOST_JAX_PRIORITY``
     Backend priority (default -100, below JAX's CPU backend at 0, so that
