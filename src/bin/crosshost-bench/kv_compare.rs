@@ -3,14 +3,14 @@
 //! callbacks for every key (`kv_store=callbacks`; the child reaches it over
 //! the Unix socket), and etcd for every key (`kv_store=etcd://...`, each
 //! process its own connection and lease). Without `--etcd` the benchmark
-//! runs its own etcd server (etcd_server.rs).
+//! runs its own etcd server (the library's `kv::etcd::local_server`).
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::etcd_server::{self, EtcdServer};
 use crate::ffi_client::{Plugin, Result};
 use crate::kv::{self, CallbackTarget, LocalStore};
 use crate::{stats, Case, Pair};
+use pjrt_crosshost::kv::etcd::local_server::{self, LocalEtcd};
 
 /// How long in-flight key deletes may take to land before the count.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -66,7 +66,7 @@ fn endpoints_of(kv_store: &str) -> Result<String> {
 
 /// Transfer keys in etcd now, and every other `crosshost/` key.
 fn etcd_keys(endpoints: &str) -> Result<(usize, usize)> {
-    let keys = etcd_server::keys(endpoints, "crosshost/")?;
+    let keys = local_server::keys(endpoints, "crosshost/")?;
     let transfer = keys.iter().filter(|k| is_transfer_key(k)).count();
     Ok((transfer, keys.len() - transfer))
 }
@@ -91,7 +91,9 @@ pub fn run(lib: &str, quick: bool, etcd: Option<String>) -> Result<()> {
     // their leases at destroy, which needs the server still up.
     let server = match etcd {
         Some(_) => None,
-        None => Some(EtcdServer::start()?),
+        None => Some(LocalEtcd::start("bench").map_err(|e| {
+            format!("--kv etcd without --etcd starts its own etcd server: {e} (or pass --etcd etcd://HOST:PORT)")
+        })?),
     };
     let (kv_store, owned) = match (&etcd, &server) {
         (Some(e), _) => (kv_store_of(e), false),
@@ -99,7 +101,7 @@ pub fn run(lib: &str, quick: bool, etcd: Option<String>) -> Result<()> {
         (None, None) => unreachable!("started above"),
     };
     let endpoints = endpoints_of(&kv_store)?;
-    if !etcd_server::healthy(&endpoints) {
+    if !local_server::healthy(&endpoints) {
         return Err(format!(
             "etcd at {endpoints} does not answer `etcdctl endpoint health` (is it running, and is etcdctl installed?)"
         ));

@@ -11,7 +11,6 @@
 //! in the parent's memory store through the callbacks (`kv_store=callbacks`)
 //! and in etcd (`kv_store=etcd://...`), side by side (kv_compare.rs).
 mod child_link;
-mod etcd_server;
 mod ffi_client;
 mod kv;
 mod kv_compare;

@@ -13,6 +13,7 @@
 pub mod endpoints;
 #[cfg(feature = "etcd")]
 mod lease;
+pub mod local_server;
 #[cfg(feature = "etcd")]
 mod runtime;
 #[cfg(feature = "etcd")]
