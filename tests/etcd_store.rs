@@ -477,3 +477,25 @@ fn lifecycle_cancel_wake_up_failure_keeps_the_cancel_and_retires_the_etcd_watch(
     assert_eq!(h.etcd.pending_waiters(), 0);
     assert!(h.transfer_keys().is_empty());
 }
+
+#[test]
+fn lifecycle_a_stale_receipt_in_etcd_is_waited_past_and_the_real_one_completes() {
+    let h = Lifecycle::new(true);
+    let k = key(5);
+    let rx = h.tracker.begin(k.clone(), 9, vec![]).unwrap();
+    h.store.set(k.as_str(), &ok(8)).unwrap(); // another transfer's nonce
+    until("the stale receipt was seen", || {
+        h.metrics.snapshot().stale_receipts_rejected == 1
+    });
+    settled(&h.etcd);
+    assert!(
+        !rx.future().is_ready(),
+        "a stale receipt completed the buffer"
+    );
+    // Re-armed once, past the stale value (async_get_changed counts as a get).
+    assert_eq!(h.store.calls_for(Op::AsyncGet, k.as_str()), 2);
+    h.store.set(k.as_str(), &ok(9)).unwrap();
+    assert_eq!(wait(&rx.future()), Ok(()));
+    assert_eq!(retired(&rx), Ok(()));
+    assert!(h.transfer_keys().is_empty(), "{:?}", h.transfer_keys());
+}
