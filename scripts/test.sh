@@ -32,7 +32,7 @@ if [ -n "$compute_plugin" ]; then
   PJRT_CROSSHOST_COMPUTE_PLUGIN="$compute_plugin" "$PYTHON" -m pytest -q \
     python_tests/test_transfers_v1.py python_tests/test_transfers_v2.py \
     python_tests/test_transfers_lifecycle.py python_tests/test_transfers_processes.py \
-    python_tests/test_transfers_layouts.py
+    python_tests/test_transfers_layouts.py python_tests/test_etcd_store.py
 else
   echo "SKIPPED: delegated transfer tests: fastatomstruct-xla-cpu is not installed (scripts/setup.sh installs it)"
 fi

@@ -298,16 +298,16 @@ impl Watches {
         let Some(generation) = state.stream else {
             return Err(status::unavailable("etcd watch stream is down"));
         };
+        if state.keys.get(key).is_some_and(|e| e.watch.is_some()) {
+            return Err(status::failed_precondition(format!(
+                "{key} is already watched"
+            )));
+        }
         let (id, watch_id) = (state.next_waiter, state.next_watch_id);
         state.next_waiter += 1;
         state.next_watch_id += 1;
         state.by_watch.insert(watch_id, key.to_string());
         let entry = state.keys.entry(key.to_string()).or_default();
-        if entry.watch.is_some() {
-            return Err(status::failed_precondition(format!(
-                "{key} is already watched"
-            )));
-        }
         entry.watch = Some(watch_id);
         entry.waiters.push(Waiter::Value {
             id,
