@@ -689,7 +689,9 @@ impl Watches {
                     }
                 }
             } else if response.canceled() {
-                // Compacted past our start revision, or refused: read again.
+                // Compacted past our start revision, or refused: maintenance
+                // opens a new watch (at its pace: a watch etcd keeps refusing
+                // must not spin), and the waits fail after the call timeout.
                 if let Some(key) = state.by_watch.remove(&id) {
                     if let Some(entry) = state.keys.get_mut(&key) {
                         if entry.watch == Some(id) {
@@ -701,7 +703,11 @@ impl Watches {
                                 response.compact_revision(),
                                 response.cancel_reason()
                             );
-                            state.open_watch(&key, &self.requests);
+                            state.last_error = format!(
+                                "etcd cancelled the watch on {key} (compact revision {}): {}",
+                                response.compact_revision(),
+                                response.cancel_reason()
+                            );
                         }
                     }
                 }
