@@ -31,7 +31,7 @@ args=(--target "$target" --target-dir target/asan --release)
 if [ "${1:-}" = "--all" ]; then
   tests=(--lib --bins --tests)
 else
-  tests=(--lib --test lifecycle --test batch_order --test kv_faults --test process_reports)
+  tests=(--lib --test lifecycle --test batch_order --test kv_faults --test process_reports --test etcd_store)
 fi
 echo "sanitize: cargo +nightly test ${tests[*]} under AddressSanitizer + LeakSanitizer ($target)"
 cargo +nightly test "${args[@]}" "${tests[@]}" 2>&1 | tee target/sanitize.log | grep -E "^test result|ERROR: (Address|Leak)Sanitizer|^failures:|FAILED" || true
