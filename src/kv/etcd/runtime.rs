@@ -25,6 +25,21 @@ pub(super) fn handle() -> tokio::runtime::Handle {
     RUNTIME.handle().clone()
 }
 
+fn no_answer(what: &str, timeout: Duration) -> Status {
+    status::deadline_exceeded(format!("{what}: no answer from etcd within {timeout:?}"))
+}
+
+/// `op`, or DEADLINE_EXCEEDED naming `what` once `timeout` has passed.
+pub(super) async fn bounded<T>(
+    what: &str,
+    timeout: Duration,
+    op: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(timeout, op)
+        .await
+        .unwrap_or_else(|_| Err(no_answer(what, timeout)))
+}
+
 /// Runs `op` on the runtime and waits at most `timeout` for it.
 pub(super) fn call<T, F>(what: &str, timeout: Duration, op: F) -> Result<T>
 where
@@ -32,18 +47,18 @@ where
     F: Future<Output = Result<T>> + Send + 'static,
 {
     let (done, result) = crossbeam_channel::bounded(1);
+    let owned = what.to_string();
     let task = RUNTIME.spawn(async move {
-        let _ = done.send(tokio::time::timeout(timeout, op).await);
+        let _ = done.send(bounded(&owned, timeout, op).await);
     });
-    match result.recv_timeout(timeout + Duration::from_millis(200)) {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(_)) | Err(_) => {
+    // The task's own bound answers first; this one covers a runtime that
+    // never ran it.
+    result
+        .recv_timeout(timeout + Duration::from_millis(200))
+        .unwrap_or_else(|_| {
             task.abort();
-            Err(status::deadline_exceeded(format!(
-                "{what}: no answer from etcd within {timeout:?}"
-            )))
-        }
-    }
+            Err(no_answer(what, timeout))
+        })
 }
 
 /// Runs a store callback off the runtime's worker threads.

@@ -167,12 +167,7 @@ impl EtcdStore {
     ) {
         let timeout = self.config.call_timeout;
         runtime::handle().spawn(async move {
-            let outcome = match tokio::time::timeout(timeout, op).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(status::deadline_exceeded(format!(
-                    "{what}: no answer from etcd within {timeout:?}"
-                ))),
-            };
+            let outcome = runtime::bounded(&what, timeout, op).await;
             runtime::deliver(move || done(outcome));
         });
     }

@@ -142,6 +142,16 @@ impl State {
     /// Asks for a watch of `key` from now, if a stream is up and none is
     /// there; the Range follows etcd's confirmation.
     fn open_watch(&mut self, key: &str, requests: &mpsc::UnboundedSender<StreamRequest>) {
+        self.open_watch_from(key, 0, requests)
+    }
+
+    /// `open_watch` from `start_revision` (0: now).
+    fn open_watch_from(
+        &mut self,
+        key: &str,
+        start_revision: i64,
+        requests: &mpsc::UnboundedSender<StreamRequest>,
+    ) {
         let Some(generation) = self.stream else {
             if let Some(entry) = self.keys.get_mut(key) {
                 entry.uncovered_since.get_or_insert_with(Instant::now);
@@ -163,7 +173,7 @@ impl State {
             generation,
             key: key.to_string(),
             watch_id,
-            start_revision: 0,
+            start_revision,
         });
     }
 
@@ -295,31 +305,27 @@ impl Watches {
         callback: GetCallback,
     ) -> Result<WaiterId> {
         let mut state = self.state.lock();
-        let Some(generation) = state.stream else {
+        if state.stream.is_none() {
             return Err(status::unavailable("etcd watch stream is down"));
-        };
+        }
         if state.keys.get(key).is_some_and(|e| e.watch.is_some()) {
             return Err(status::failed_precondition(format!(
                 "{key} is already watched"
             )));
         }
-        let (id, watch_id) = (state.next_waiter, state.next_watch_id);
+        let id = state.next_waiter;
         state.next_waiter += 1;
-        state.next_watch_id += 1;
-        state.by_watch.insert(watch_id, key.to_string());
-        let entry = state.keys.entry(key.to_string()).or_default();
-        entry.watch = Some(watch_id);
-        entry.waiters.push(Waiter::Value {
-            id,
-            unless: None,
-            callback,
-        });
-        let _ = self.requests.send(StreamRequest::Create {
-            generation,
-            key: key.to_string(),
-            watch_id,
-            start_revision,
-        });
+        state
+            .keys
+            .entry(key.to_string())
+            .or_default()
+            .waiters
+            .push(Waiter::Value {
+                id,
+                unless: None,
+                callback,
+            });
+        state.open_watch_from(key, start_revision, &self.requests);
         Ok(WaiterId(id))
     }
 
@@ -421,16 +427,15 @@ impl Watches {
     async fn arm(self: Arc<Self>, key: String, at_revision: Option<i64>, rearm: bool) {
         let mut client = self.client.clone();
         let options = at_revision.map(|r| GetOptions::new().with_revision(r));
-        let range =
-            tokio::time::timeout(self.call_timeout, client.get(key.as_str(), options)).await;
-        let range = match range {
-            Ok(Ok(answer)) => Ok(answer.kvs().first().map(|kv| kv.value().to_vec())),
-            Ok(Err(e)) => Err(status_of(&format!("etcd range {key}"), e)),
-            Err(_) => Err(status::deadline_exceeded(format!(
-                "etcd range {key}: no answer within {:?}",
-                self.call_timeout
-            ))),
-        };
+        let what = format!("etcd range {key}");
+        let range = runtime::bounded(&what, self.call_timeout, async {
+            client
+                .get(key.as_str(), options)
+                .await
+                .map(|answer| answer.kvs().first().map(|kv| kv.value().to_vec()))
+                .map_err(|e| status_of(&what, e))
+        })
+        .await;
         let mut fires = Vec::new();
         let mut gone = Vec::new();
         {
@@ -676,7 +681,7 @@ impl Watches {
         }
         let mut fires = Vec::new();
         let mut gone = Vec::new();
-        let mut rearm = None;
+        let mut confirmed = None;
         {
             let mut state = self.state.lock();
             if response.created() && !response.canceled() {
@@ -684,7 +689,7 @@ impl Watches {
                     if let Some(entry) = state.keys.get_mut(&key) {
                         if entry.watch == Some(id) {
                             entry.confirmed = true;
-                            rearm = Some(key);
+                            confirmed = Some(key);
                         }
                     }
                 }
@@ -735,7 +740,7 @@ impl Watches {
         for (process, revision) in gone {
             self.process_lost(process, Some(revision));
         }
-        if let Some(key) = rearm {
+        if let Some(key) = confirmed {
             self.spawn_arm(key, None, false);
         }
     }
