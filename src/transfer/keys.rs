@@ -111,6 +111,12 @@ pub enum KeyReader {
     Process(i32),
 }
 
+/// Whether `name` is a transfer key (completion or descriptor), as opposed
+/// to a session key or anything else in the store.
+pub fn is_transfer_key(name: &str) -> bool {
+    name.starts_with(RECV_PREFIX) || name.starts_with(DESC_PREFIX)
+}
+
 /// What a transfer key's epoch segment says about its two sides.
 enum KeySides {
     /// A v2 pair's key: completion (`true`) or descriptor, between devices.
@@ -202,6 +208,7 @@ mod tests {
     fn the_reader_of_each_kind_of_key_comes_from_its_name() {
         let v2 = CompletionKey::new("5eed.d0-2048.i7-9", 3, 1).unwrap();
         assert_eq!(reader_of(v2.as_str()), Some(KeyReader::Device(2048)));
+        assert!(is_transfer_key(v2.as_str()) && is_transfer_key(&v2.descriptor_key()));
         assert_eq!(reader_of(&v2.descriptor_key()), Some(KeyReader::Device(0)));
         let v1 = CompletionKey::new("5eed.v1.p1", 0, 0).unwrap();
         assert_eq!(reader_of(v1.as_str()), Some(KeyReader::Process(1)));
@@ -218,6 +225,11 @@ mod tests {
         ] {
             assert_eq!(reader_of(other), None, "{other}");
             assert_eq!(writer_device_of(other), None, "{other}");
+            assert_eq!(
+                is_transfer_key(other),
+                other.starts_with("crosshost/recv/") || other.starts_with("crosshost/desc/"),
+                "{other}"
+            );
         }
     }
 

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use crate::ffi_client::{Plugin, Result};
 use crate::kv::{self, CallbackTarget, LocalStore};
 use crate::{stats, Case, Pair};
+use pjrt_crosshost::kv::etcd::endpoints;
 use pjrt_crosshost::kv::etcd::local_server::{self, LocalEtcd};
+use pjrt_crosshost::transfer::keys::is_transfer_key;
 
 /// How long in-flight key deletes may take to land before the count.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -34,34 +36,21 @@ fn cases(quick: bool) -> Vec<Case> {
     ]
 }
 
-fn is_transfer_key(key: &str) -> bool {
-    key.starts_with("crosshost/recv/") || key.starts_with("crosshost/desc/")
-}
-
 /// `--etcd` as the plugin's `kv_store` value (the scheme may be left off).
 fn kv_store_of(etcd: &str) -> String {
-    if etcd.starts_with("etcd://") {
+    if etcd.starts_with(endpoints::SCHEME) {
         etcd.to_string()
     } else {
-        format!("etcd://{etcd}")
+        format!("{}{etcd}", endpoints::SCHEME)
     }
 }
 
-/// The `etcdctl --endpoints` list for a `kv_store=etcd://a,b` value.
+/// The `etcdctl --endpoints` list for a `kv_store=etcd://a,b` value, parsed
+/// as the plugin parses it.
 fn endpoints_of(kv_store: &str) -> Result<String> {
-    let members = kv_store.strip_prefix("etcd://").unwrap_or(kv_store);
-    let list: Vec<String> = members
-        .split(',')
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-        .map(|m| format!("http://{m}"))
-        .collect();
-    if list.is_empty() {
-        return Err(format!(
-            "--etcd {kv_store:?}: expected etcd://host:port[,host:port...]"
-        ));
-    }
-    Ok(list.join(","))
+    endpoints::parse(kv_store)
+        .map(|list| list.join(","))
+        .map_err(|e| format!("--etcd: {}", e.message))
 }
 
 /// Transfer keys in etcd now, and every other `crosshost/` key.

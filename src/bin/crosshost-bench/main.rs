@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
 use kv::{CallbackTarget, LocalStore, RemoteStore};
+use pjrt_crosshost::transfer::keys::is_transfer_key;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -373,10 +374,7 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
     fresh.finish()?;
 
     let keys = store.keys();
-    let transfer_keys = keys
-        .iter()
-        .filter(|k| k.starts_with("crosshost/recv/") || k.starts_with("crosshost/desc/"))
-        .count();
+    let transfer_keys = keys.iter().filter(|k| is_transfer_key(k)).count();
     let in_process = stats::in_process_latency(&plugin, quick)?;
     let staggered = staggered::measure(if quick { 5 } else { 21 });
     stats::print_report(
