@@ -3,6 +3,7 @@
 //! restarted, and the lifecycle regression set over etcd.
 #![cfg(feature = "etcd")]
 
+mod common;
 mod etcd_server;
 
 use std::sync::Arc;
@@ -10,14 +11,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver};
 
+use common::{ok, wait, wait_retired};
 use etcd_server::EtcdServer;
 use pjrt_crosshost::kv::etcd::{EtcdConfig, EtcdStore};
 use pjrt_crosshost::kv::{GetCallback, KeyValueStore, Op, TestStore};
-use pjrt_crosshost::status::{self, Code, Outcome, Result};
+use pjrt_crosshost::status::{self, Code, Result};
 use pjrt_crosshost::sync::{AsyncWorkRunner, Metrics};
-use pjrt_crosshost::transfer::{
-    CompletionKey, PendingReceive, Receipt, ReceiveConfig, ReceiveTracker,
-};
+use pjrt_crosshost::transfer::{CompletionKey, PendingReceive, ReceiveConfig, ReceiveTracker};
 
 /// Long enough never to pass in a good run; a hang fails instead.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -369,20 +369,6 @@ fn key(transfer: i64) -> CompletionKey {
     CompletionKey::new("etcd-test", transfer, 0).unwrap()
 }
 
-fn ok(nonce: u64) -> Vec<u8> {
-    Receipt::Ok { nonce }.encode()
-}
-
-fn wait(future: &pjrt_crosshost::sync::Future) -> Outcome {
-    future
-        .wait_timeout(PATIENCE)
-        .expect("outcome within PATIENCE")
-}
-
-fn retired(rx: &PendingReceive) -> Outcome {
-    wait(&rx.retired())
-}
-
 #[test]
 fn lifecycle_success_deletes_the_key_in_etcd() {
     let h = Lifecycle::new(true);
@@ -392,7 +378,7 @@ fn lifecycle_success_deletes_the_key_in_etcd() {
     assert!(!rx.future().is_ready());
     h.store.set(k.as_str(), &ok(7)).unwrap();
     assert_eq!(wait(&rx.future()), Ok(()));
-    assert_eq!(retired(&rx), Ok(()));
+    assert_eq!(wait_retired(&rx), Ok(()));
     assert!(h.transfer_keys().is_empty(), "{:?}", h.transfer_keys());
     let m = h.metrics.snapshot();
     assert_eq!(
@@ -408,7 +394,7 @@ fn second_receive_waits(h: &Lifecycle) -> (bool, PendingReceive) {
     let first = h.tracker.begin(k.clone(), 11, vec![]).unwrap();
     h.store.set(k.as_str(), &ok(11)).unwrap();
     assert_eq!(wait(&first.future()), Ok(()));
-    retired(&first).unwrap();
+    wait_retired(&first).unwrap();
     let second = h.tracker.begin(k, 11, vec![]).unwrap();
     settled(&h.etcd);
     // The second's Range has run: it fired (stale entry) or is watching.
@@ -423,7 +409,7 @@ fn lifecycle_deterministic_key_reuse_waits_for_its_own_sender_in_etcd() {
     assert!(waits, "the second receive must wait for its own sender");
     h.store.set(second.key().as_str(), &ok(11)).unwrap();
     assert_eq!(wait(&second.future()), Ok(()));
-    retired(&second).unwrap();
+    wait_retired(&second).unwrap();
     assert!(h.transfer_keys().is_empty());
 }
 
@@ -446,7 +432,7 @@ fn lifecycle_delete_failure_keeps_the_status_and_the_key_in_etcd() {
     let rx = h.tracker.begin(k.clone(), 5, vec![]).unwrap();
     h.store.set(k.as_str(), &ok(5)).unwrap();
     assert_eq!(wait(&rx.future()), Ok(()));
-    assert_eq!(retired(&rx).unwrap_err().code, Code::Unavailable);
+    assert_eq!(wait_retired(&rx).unwrap_err().code, Code::Unavailable);
     assert_eq!(
         wait(&rx.future()),
         Ok(()),
@@ -471,7 +457,7 @@ fn lifecycle_cancel_wake_up_failure_keeps_the_cancel_and_retires_the_etcd_watch(
     let e = rx.cancel(status::cancelled("user cancelled")).unwrap_err();
     assert_eq!(e.code, Code::Unavailable);
     assert_eq!(wait(&rx.future()), Err(status::cancelled("user cancelled")));
-    assert_eq!(retired(&rx), Ok(()));
+    assert_eq!(wait_retired(&rx), Ok(()));
     assert_eq!(h.store.calls_for(Op::CancelAsyncGet, k.as_str()), 1);
     until("the watch retired", || h.etcd.active_watches() == 0);
     assert_eq!(h.etcd.pending_waiters(), 0);
@@ -496,6 +482,6 @@ fn lifecycle_a_stale_receipt_in_etcd_is_waited_past_and_the_real_one_completes()
     assert_eq!(h.store.calls_for(Op::AsyncGet, k.as_str()), 2);
     h.store.set(k.as_str(), &ok(9)).unwrap();
     assert_eq!(wait(&rx.future()), Ok(()));
-    assert_eq!(retired(&rx), Ok(()));
+    assert_eq!(wait_retired(&rx), Ok(()));
     assert!(h.transfer_keys().is_empty(), "{:?}", h.transfer_keys());
 }

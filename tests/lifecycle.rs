@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
+mod common;
+
+use common::{ok, wait, wait_retired};
 use crossbeam_channel::bounded;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -99,20 +102,6 @@ impl Harness {
 
 fn key(transfer: i64, index: u64) -> CompletionKey {
     CompletionKey::new("test-epoch", transfer, index).unwrap()
-}
-
-fn ok(nonce: u64) -> Vec<u8> {
-    Receipt::Ok { nonce }.encode()
-}
-
-fn wait(future: &pjrt_crosshost::sync::Future) -> Outcome {
-    future
-        .wait_timeout(PATIENCE)
-        .expect("outcome within PATIENCE")
-}
-
-fn wait_retired(rx: &PendingReceive) -> Outcome {
-    wait(&rx.retired())
 }
 
 fn code(outcome: &Outcome) -> Option<Code> {

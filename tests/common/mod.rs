@@ -1,6 +1,6 @@
 //! Helpers the integration tests share: create options, u8 buffers and
-//! their patterns, a two-client job in one process. Each test file uses a
-//! part of them.
+//! their patterns, a two-client job in one process, receipts and bounded
+//! waits on a receive's outcome. Each test file uses a part of them.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -12,7 +12,30 @@ use pjrt_crosshost::api::element_type::{ElementType, Shape};
 use pjrt_crosshost::api::options::{ClientOptions, OptionValue};
 use pjrt_crosshost::api::transfers::ReceiveSpec;
 use pjrt_crosshost::kv::RawKvCallbacks;
-use pjrt_crosshost::status::Result;
+use pjrt_crosshost::status::{Outcome, Result};
+use pjrt_crosshost::sync::Future;
+use pjrt_crosshost::transfer::{PendingReceive, Receipt};
+
+/// How long a receive's outcome may take in a passing run; a hang fails the
+/// test instead of blocking CI.
+pub const OUTCOME_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The receipt a sender writes for a buffer it delivered.
+pub fn ok(nonce: u64) -> Vec<u8> {
+    Receipt::Ok { nonce }.encode()
+}
+
+/// The outcome of `future`, within `OUTCOME_PATIENCE`.
+pub fn wait(future: &Future) -> Outcome {
+    future
+        .wait_timeout(OUTCOME_PATIENCE)
+        .expect("outcome within OUTCOME_PATIENCE")
+}
+
+/// The receive's retirement outcome (its keys deleted, its waiter gone).
+pub fn wait_retired(rx: &PendingReceive) -> Outcome {
+    wait(&rx.retired())
+}
 
 pub fn options(pairs: &[(&str, OptionValue)]) -> ClientOptions {
     let owned: Vec<(String, OptionValue)> = pairs
