@@ -99,6 +99,24 @@ def api(lib_path) -> pc.Api:
     return a
 
 
+@pytest.fixture(scope="module")
+def xh(api):
+    """The cross-host transfers extension of ``api``, for the transfer tests."""
+    import transfer_helpers as th
+
+    return th.Transfers(api)
+
+
+@pytest.fixture
+def server():
+    """A KvServer of the test's own (localhost TCP), closed afterwards."""
+    from kv_server import KvServer
+
+    s = KvServer()
+    yield s
+    s.close()
+
+
 @pytest.fixture
 def client(api):
     c = api.create_client()

@@ -19,7 +19,7 @@ ETCD = next((p for p in ("/usr/bin/etcd", "/usr/local/bin/etcd") if os.path.exis
 ETCDCTL = shutil.which("etcdctl")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -37,8 +37,8 @@ class EtcdServer:
                 "etcd and etcdctl are needed: scripts/setup.sh installs Debian's etcd-server "
                 "and etcd-client"
             )
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         self.data = f"/dev/shm/etcd-test-crosshost-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen | None = None
         self.start()

@@ -17,8 +17,7 @@ import pytest
 import peer_process as peer
 import pjrt_ctypes as pc
 import transfer_helpers as th
-from etcd_server import EtcdServer
-from kv_server import KvServer
+from etcd_server import EtcdServer, free_port
 from test_transfers_processes import Job
 
 BT = pc.BufferType
@@ -26,21 +25,9 @@ EC = pc.ErrorCode
 TTL_S = 2
 
 
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
 @pytest.fixture
 def etcd():
     s = EtcdServer()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def server():
-    s = KvServer()
     yield s
     s.close()
 
@@ -200,7 +187,7 @@ def test_an_etcd_server_stopped_mid_job_ends_waits_clearly_and_a_restart_serves_
 
 
 def test_an_unreachable_etcd_fails_client_creation_naming_it(api):
-    port = th_free_port()
+    port = free_port()
     with pytest.raises(pc.PjrtError) as e:
         api.create_client({"kv_store": f"etcd://127.0.0.1:{port}", "kv_call_timeout_ms": 1000})
     assert e.value.code in (EC.UNAVAILABLE, EC.DEADLINE_EXCEEDED), e.value
@@ -211,11 +198,3 @@ def test_a_malformed_etcd_url_is_invalid_argument(api):
     with pytest.raises(pc.PjrtError) as e:
         api.create_client({"kv_store": "etcd://nohost"})
     assert e.value.code == EC.INVALID_ARGUMENT and "no :port" in e.value.message, e.value
-
-
-def th_free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

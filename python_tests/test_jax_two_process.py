@@ -174,6 +174,7 @@ def test_cross_process_device_put_with_every_key_in_etcd(tmp_path):
     # kv_store=etcd://: the session and every transfer key in a real etcd
     # server, none in JAX's coordination service; afterwards none in etcd.
     from etcd_server import EtcdServer
+    from transfer_helpers import poll_until
 
     etcd = EtcdServer()
     try:
@@ -190,18 +191,9 @@ def test_cross_process_device_put_with_every_key_in_etcd(tmp_path):
         # wrote went with their leases (revoked, or expired if JAX exited
         # without destroying its client).
         assert not etcd.transfer_keys(), etcd.transfer_keys()[:5]
-        assert th_poll(lambda: etcd.keys() == [], 5), etcd.keys()
+        assert poll_until(lambda: etcd.keys() == [], 5), etcd.keys()
     finally:
         etcd.close()
-
-
-def th_poll(pred, timeout):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.parametrize("route", ["jax_delete", "no_delete"])

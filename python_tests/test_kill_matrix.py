@@ -34,25 +34,13 @@ import pjrt_ctypes as pc
 import transfer_helpers as th
 from conftest import library_path
 from kill_child import KILL_SEED, KILL_SPEC
-from kv_server import KvClient, KvServer
+from kv_server import KvClient
 from peer_process import Channel, client_options
 
 EC = pc.ErrorCode
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_MS = 30_000
 PROMPT_S = 8.0  # well inside TIMEOUT_MS
-
-
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
-@pytest.fixture
-def server():
-    s = KvServer()
-    yield s
-    s.close()
 
 
 class KilledPeer:

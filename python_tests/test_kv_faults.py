@@ -29,11 +29,6 @@ SLACK_S = 1.0  # issue 11: no wait may exceed its timeout by more than 1 s
 HUGE = 16 << 20
 
 
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
 class FaultyKv:
     def __init__(self):
         self._values: dict[str, bytes] = {}

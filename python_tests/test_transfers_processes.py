@@ -33,23 +33,11 @@ import peer_process as peer
 import pjrt_ctypes as pc
 import transfer_helpers as th
 from conftest import library_path
-from kv_server import KvClient, KvServer
+from kv_server import KvClient
 
 BT = pc.BufferType
 EC = pc.ErrorCode
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
-@pytest.fixture
-def server():
-    s = KvServer()
-    yield s
-    s.close()
 
 
 class Job:

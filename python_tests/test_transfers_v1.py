@@ -26,11 +26,6 @@ BT = pc.BufferType
 EC = pc.ErrorCode
 
 
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
 @pytest.fixture(params=["auto", "tcp"])
 def pair(request, api):
     c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)

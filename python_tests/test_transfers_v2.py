@@ -26,11 +26,6 @@ EC = pc.ErrorCode
 TRANSPORTS = ["auto", "tcp"]
 
 
-@pytest.fixture(scope="module")
-def xh(api):
-    return th.Transfers(api)
-
-
 @pytest.fixture(params=TRANSPORTS)
 def pair(request, api):
     c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)
