@@ -232,6 +232,37 @@ fn a_value_the_writer_wrote_just_before_it_went_is_still_delivered() {
     }
 }
 
+#[test]
+fn a_value_the_writer_wrote_before_it_went_counts_even_when_the_watch_missed_it() {
+    // The wait's watch does not see the write (here: a watch from far
+    // ahead; in life: one re-armed after a reconnect, or events of two
+    // watches out of order). The loss then reads the key as it was just
+    // before the writer's lease went, not as it is after (deleted with it).
+    let server = EtcdServer::start_new();
+    let (reader, writer) = tracking(&server);
+    until("the stream is up", || reader.stream_is_up());
+    let (cb, rx) = waiter();
+    let ahead = current_revision(&server) + 1_000_000;
+    reader
+        .async_get_watching_from("crosshost/w1/missed", ahead, cb)
+        .unwrap();
+    settled(&reader);
+    writer.set("crosshost/w1/missed", b"sent").unwrap();
+    drop(writer);
+    assert_eq!(delivered(&rx).unwrap(), b"sent");
+}
+
+/// The store's revision now (`etcdctl endpoint status`).
+fn current_revision(server: &EtcdServer) -> i64 {
+    let status = server.ctl(&["endpoint", "status", "-w", "json"]);
+    status
+        .split("\"revision\":")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no revision in {status}"))
+}
+
 // ---------------------------------------------------------------------------
 // Compaction, a stopped and restarted server
 // ---------------------------------------------------------------------------
@@ -246,14 +277,7 @@ fn a_watch_whose_start_revision_was_compacted_is_re_armed_and_sees_the_next_valu
         s.set("crosshost/c/other", format!("{i}").as_bytes())
             .unwrap();
     }
-    let status = server.ctl(&["endpoint", "status", "-w", "json"]);
-    let revision: i64 = status
-        .split("\"revision\":")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|r| r.parse().ok())
-        .unwrap_or_else(|| panic!("no revision in {status}"));
-    server.ctl(&["compact", &revision.to_string()]);
+    server.ctl(&["compact", &current_revision(&server).to_string()]);
     until("the stream is up", || s.stream_is_up());
     let (cb, rx) = waiter();
     // From revision 1: the "old" value's write was compacted away.
