@@ -111,6 +111,25 @@ pub enum KeyReader {
     Process(i32),
 }
 
+/// The temporal identity of one sender/receiver pair: the session epoch,
+/// the two devices, and the two processes' incarnations when the caller gave
+/// them (a restarted peer never matches an old key).
+pub fn pair_epoch(
+    session_epoch: &str,
+    (src, dst): (i32, i32),
+    (src_process, dst_process): (i32, i32),
+    incarnations: Option<&[(i32, i64)]>,
+) -> String {
+    let mut epoch = format!("{session_epoch}.d{src}-{dst}");
+    if let Some(snapshot) = incarnations {
+        let find = |task: i32| snapshot.iter().find(|(t, _)| *t == task).map(|(_, i)| *i);
+        if let (Some(a), Some(b)) = (find(src_process), find(dst_process)) {
+            epoch.push_str(&format!(".i{a}-{b}"));
+        }
+    }
+    epoch
+}
+
 /// Whether `name` is a transfer key (completion or descriptor), as opposed
 /// to a session key or anything else in the store.
 pub fn is_transfer_key(name: &str) -> bool {

@@ -26,6 +26,7 @@ pub mod destination;
 pub mod host_identity;
 pub mod random;
 pub mod shm;
+pub mod shm_mappings;
 pub mod shm_owner;
 pub mod shm_pool;
 pub mod shm_reaper;

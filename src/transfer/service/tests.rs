@@ -4,8 +4,15 @@
 use super::*;
 use crate::backend::DeviceMemory;
 use crate::kv::MemoryStore;
+use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::session::LocalDevices;
+use crate::transfer::Receipt;
+use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::claim_table_len;
+use crate::transport::claim::ClaimRange;
+use crate::transport::host_identity::HostIdentity;
+use crate::transport::random::random_u64;
+use crate::transport::shm::SharedRegion;
 use crate::transport::shm_owner::{read_proc_stat, ShmOwner};
 use crate::transport::shm_test_object::NamedShmObject;
 use std::process::{Child, Command, Stdio};

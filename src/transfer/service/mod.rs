@@ -1,0 +1,320 @@
+//! The cross-host protocol of one client: receive destinations and their
+//! descriptors (`receive.rs`), the send path (`send.rs`), v1 cancellation,
+//! peer restarts.
+//!
+//! Every receive buffer completes through `recv_state` (one AsyncGet, one
+//! promise, one future per buffer; keys retired after publication). The
+//! sender writes the bytes into the destination first and sets the buffer's
+//! completion key only after they are there. The sender never deletes a
+//! completion key.
+mod receive;
+mod send;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
+
+use super::receive_budget::ReceiveBudget;
+use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
+use super::session::Session;
+use crate::backend::Allocation;
+use crate::kv::KeyValueStore;
+use crate::status::{self, Code, Outcome, Result, Status};
+use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
+use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
+use crate::transport::tcp::TcpReceiveServer;
+
+#[derive(Clone, Debug)]
+pub struct TransferConfig {
+    /// A receive not completed by then is DEADLINE_EXCEEDED (key retired).
+    pub receive_timeout: Duration,
+    /// A send whose destination descriptor or copy takes longer fails.
+    pub send_timeout: Duration,
+    /// Offer only TCP destinations, even to peers on this host.
+    pub force_tcp: bool,
+    /// Address the TCP receive server binds to (port chosen by the OS).
+    pub tcp_bind: IpAddr,
+    /// Threads running lifecycle hops and copies.
+    pub worker_threads: usize,
+    /// Upper bound of the receiver's pool of pre-faulted shared-memory
+    /// segments (0: every destination gets a fresh region).
+    pub shm_pool_bytes: usize,
+    /// Bound on the bytes this client's received host buffers hold at once.
+    pub max_receive_bytes: u64,
+}
+
+/// Copy threads: half the cores. A single memcpy stream already runs near
+/// memory bandwidth; more copies than that only take the CPU from the
+/// threads that observe completions and publish readiness (measured on 2
+/// cores: 4 copy threads put 64 x 1 MiB per-buffer readiness at ~1.5 ms p50).
+fn copy_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| (n.get() / 2).max(1))
+        .unwrap_or(1)
+}
+
+/// Copies up to this size run on the thread where the source became ready.
+const INLINE_COPY_BYTES: usize = 256 << 10;
+
+/// Pooled segments are this large; bigger destinations get their own region.
+pub const SHM_SEGMENT_BYTES: usize = 256 << 20;
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            receive_timeout: Duration::from_secs(300),
+            send_timeout: Duration::from_secs(300),
+            force_tcp: false,
+            tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            worker_threads: 4,
+            shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
+            max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
+        }
+    }
+}
+
+/// Why a send did not put its bytes in the destination.
+enum CopyError {
+    /// The destination was not this sender's to write (claimed by another
+    /// sender, or no longer there): nothing written, no receipt.
+    Refused(Status),
+    /// This sender held the destination and failed: the receiver is told.
+    Failed(Status),
+}
+
+impl From<Status> for CopyError {
+    fn from(status: Status) -> CopyError {
+        CopyError::Failed(status)
+    }
+}
+
+/// Shape of one buffer as the descriptor states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferSpec {
+    pub byte_size: usize,
+    pub element_type: u32,
+    pub dims: Vec<i64>,
+}
+
+/// Records a receive buffer's outcome where its caller sees it, given the
+/// memory the bytes landed in (a delegating client fulfils the compute
+/// plugin's alias buffer with a view of it). Runs once, before the keys are
+/// retired.
+pub type RecordReceived = Box<dyn FnOnce(&Outcome, &Allocation) + Send>;
+
+/// One buffer to receive.
+pub struct ReceiveRequest {
+    pub spec: BufferSpec,
+    pub record: Option<RecordReceived>,
+}
+
+impl From<BufferSpec> for ReceiveRequest {
+    fn from(spec: BufferSpec) -> ReceiveRequest {
+        ReceiveRequest { spec, record: None }
+    }
+}
+
+/// One receive buffer's memory, readiness event and descriptor.
+pub struct ReceiveDestination {
+    pub memory: Allocation,
+    pub definition: Future,
+    pub descriptor: Vec<u8>,
+}
+
+/// A source buffer for the send path.
+pub struct SendSource {
+    pub memory: Allocation,
+    pub ready: Future,
+    pub spec: BufferSpec,
+    pub global_device_id: i32,
+}
+
+struct PendingEntry {
+    receive: PendingReceive,
+    peer_process: Option<i32>,
+}
+
+pub struct TransferService {
+    store: Arc<dyn KeyValueStore>,
+    tracker: Arc<ReceiveTracker>,
+    /// Copies run here, apart from the lifecycle's hops.
+    copies: Arc<AsyncWorkRunner>,
+    timer: DeadlineTimer,
+    metrics: Arc<Metrics>,
+    session: Session,
+    config: TransferConfig,
+    next_v1_transfer: AtomicI64,
+    pending: Mutex<HashMap<String, PendingEntry>>,
+    tcp_server: OnceCell<TcpReceiveServer>,
+    incarnations: Mutex<HashMap<i32, i64>>,
+    pool: ShmPool,
+    receive_budget: Arc<ReceiveBudget>,
+}
+
+impl TransferService {
+    pub fn new(
+        store: Arc<dyn KeyValueStore>,
+        session: Session,
+        config: TransferConfig,
+    ) -> Arc<Self> {
+        // Shared memory of processes that died without unlinking it goes
+        // before this client adds its own (once per process).
+        crate::transport::shm_reaper::reap_dead_owners_once();
+        let metrics = Arc::new(Metrics::new());
+        let runner = Arc::new(AsyncWorkRunner::new(
+            "crosshost-lifecycle",
+            config.worker_threads.max(1),
+        ));
+        let tracker = ReceiveTracker::new(
+            store.clone(),
+            runner,
+            metrics.clone(),
+            ReceiveConfig {
+                timeout: Some(config.receive_timeout),
+                retire_keys: true,
+            },
+        );
+        Arc::new(TransferService {
+            store,
+            tracker,
+            copies: Arc::new(AsyncWorkRunner::new("crosshost-copy", copy_threads())),
+            timer: DeadlineTimer::new("crosshost-send-deadline"),
+            metrics,
+            session,
+            next_v1_transfer: AtomicI64::new(0),
+            pending: Mutex::new(HashMap::new()),
+            tcp_server: OnceCell::new(),
+            incarnations: Mutex::new(HashMap::new()),
+            pool: ShmPool::new(ShmPoolConfig {
+                segment_len: SHM_SEGMENT_BYTES,
+                max_segments: config.shm_pool_bytes / SHM_SEGMENT_BYTES,
+            })
+            .expect("segment length is a positive multiple of the page size"),
+            receive_budget: ReceiveBudget::new(config.max_receive_bytes),
+            config,
+        })
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The bound on the bytes received host buffers hold at once.
+    pub fn max_receive_bytes(&self) -> u64 {
+        self.receive_budget.limit()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Receives whose keys are not retired yet.
+    pub fn outstanding_receives(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    fn tcp_server(&self) -> Result<&TcpReceiveServer> {
+        self.tcp_server
+            .get_or_try_init(|| TcpReceiveServer::bind(SocketAddr::new(self.config.tcp_bind, 0)))
+    }
+
+    fn remote_process(
+        &self,
+        global_device: i32,
+        function: &str,
+    ) -> Result<super::session::ProcessEntry> {
+        let process = self
+            .session
+            .process_of_device(global_device)
+            .ok_or_else(|| {
+                status::invalid_argument(format!(
+                    "{function}: no device with global id {global_device}"
+                ))
+            })?;
+        if process.process_index == self.session.process_index {
+            return Err(status::invalid_argument(format!(
+                "{function}: device {global_device} is addressable here; cross-host transfers must be \
+                 between an addressable and a non-addressable device"
+            )));
+        }
+        Ok(process.clone())
+    }
+
+    /// the send timeout (for waits a caller controls, such as v1's
+    /// descriptor event).
+    pub fn bounded_by_send_timeout(self: &Arc<Self>, future: Future, what: &str) -> Future {
+        let (promise, bounded) = PromiseOnce::new();
+        let timeout = self.config.send_timeout;
+        let what = what.to_string();
+        let on_timeout = promise.clone();
+        let timer_id = self.timer.schedule_after(timeout, move || {
+            on_timeout.set(Err(status::deadline_exceeded(format!(
+                "{what} was not ready within the send timeout ({timeout:?})"
+            ))));
+        });
+        let service = Arc::downgrade(self);
+        future.on_ready(move |outcome| {
+            promise.set(outcome.clone());
+            if let Some(service) = service.upgrade() {
+                service.timer.cancel(timer_id);
+            }
+        });
+        bounded
+    }
+
+    /// Records a task snapshot; a peer whose incarnation changed has
+    /// restarted, so receives waiting on it fail now instead of at the
+    /// deadline.
+    pub fn observe_incarnations(&self, snapshot: &[(i32, i64)]) {
+        let mut restarted = Vec::new();
+        {
+            let mut known = self.incarnations.lock();
+            for &(task, incarnation) in snapshot {
+                match known.insert(task, incarnation) {
+                    // 0 is "not known yet", never a restart.
+                    Some(old) if old != incarnation && old != 0 => {
+                        restarted.push((task, old, incarnation))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (task, old, new) in restarted {
+            let failed = self.fail_receives_from(
+                task,
+                status::Status::new(
+                    Code::Aborted,
+                    format!("peer task {task} restarted (incarnation {old} -> {new}) before the transfer completed"),
+                ),
+            );
+            log::warn!(
+                "peer task {task} restarted (incarnation {old} -> {new}); failed {failed} receives"
+            );
+        }
+    }
+
+    /// Fails every pending receive whose sender is process `task` (it
+    /// restarted or is gone), instead of leaving them to their deadline.
+    /// Returns how many were failed.
+    pub fn fail_receives_from(&self, task: i32, reason: Status) -> usize {
+        let victims: Vec<PendingReceive> = self
+            .pending
+            .lock()
+            .values()
+            .filter(|e| e.peer_process == Some(task))
+            .map(|e| e.receive.clone())
+            .collect();
+        for receive in &victims {
+            let _ = receive.cancel(reason.clone());
+        }
+        victims.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

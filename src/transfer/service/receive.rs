@@ -1,0 +1,257 @@
+//! The receive side: one destination per buffer, its descriptor, its
+//! AsyncGet through the lifecycle (`recv_state`), and v1 cancellation.
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{PendingEntry, ReceiveDestination, ReceiveRequest, TransferService};
+use crate::backend::DevicePlacement;
+use crate::status::{self, Outcome, Result, Status};
+use crate::sync::kill_points;
+use crate::transfer::cuda_path;
+use crate::transfer::descriptor::Descriptor;
+use crate::transfer::host_destination::{Destination, HostDestination, HostRoute};
+use crate::transfer::keys::{descriptor_key, pair_epoch, CompletionKey};
+use crate::transfer::recv_state::{PendingReceive, RecordEvent};
+use crate::transport::auth_token::AuthToken;
+use crate::transport::host_identity::HostIdentity;
+use crate::transport::random::random_u64;
+
+impl TransferService {
+    /// v1: the caller routes descriptors itself; the sender is unknown, so
+    /// shared memory is offered (same host) unless TCP is forced.
+    pub fn receive_v1(
+        self: &Arc<Self>,
+        requests: Vec<ReceiveRequest>,
+        placement: &DevicePlacement,
+    ) -> Result<Vec<ReceiveDestination>> {
+        let transfer_id = self.next_v1_transfer.fetch_add(1, Ordering::Relaxed);
+        // Each receiving process numbers its own v1 transfers: its index
+        // keeps two receivers of one session from sharing key names.
+        let epoch = format!("{}.v1.p{}", self.session.epoch, self.session.process_index);
+        let mut opened = Vec::with_capacity(requests.len());
+        for (index, request) in requests.into_iter().enumerate() {
+            let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
+            let destination =
+                self.open_destination(request, key, None, None, self.config.force_tcp, placement);
+            opened.push(destination);
+        }
+        self.all_or_none(opened)
+    }
+
+    /// v2: one destination per buffer, its descriptor published under the
+    /// pair's descriptor key for the sender to pick up.
+    pub fn receive_v2(
+        self: &Arc<Self>,
+        requests: Vec<ReceiveRequest>,
+        my_device: i32,
+        peers: &[(i32, i64)],
+        incarnations: Option<&[(i32, i64)]>,
+        placement: &DevicePlacement,
+    ) -> Result<Vec<ReceiveDestination>> {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostReceiveBuffers";
+        crate::timeline!("receive_v2 of {} buffers", requests.len());
+        if let Some(snapshot) = incarnations {
+            self.observe_incarnations(snapshot);
+        }
+        let me = self.session.process_index;
+        let local_host = HostIdentity::local()?;
+        // Check every peer before opening anything.
+        let mut plan = Vec::with_capacity(peers.len());
+        let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
+        for &(peer_device, transfer_key) in peers {
+            let peer = self.remote_process(peer_device, F)?;
+            let epoch = pair_epoch(
+                &self.session.epoch,
+                (peer_device, my_device),
+                (peer.process_index, me),
+                incarnations,
+            );
+            let index = occurrences.entry((peer_device, transfer_key)).or_insert(0);
+            let key = CompletionKey::new(&epoch, transfer_key, *index)?;
+            let desc_key = descriptor_key(&epoch, transfer_key, *index)?;
+            *index += 1;
+            let use_tcp = self.config.force_tcp || peer.host != local_host;
+            plan.push((key, desc_key, peer.process_index, use_tcp));
+        }
+        let mut opened = Vec::with_capacity(plan.len());
+        for (request, (key, desc_key, peer_process, use_tcp)) in requests.into_iter().zip(plan) {
+            opened.push(self.open_destination(
+                request,
+                key,
+                Some(desc_key),
+                Some(peer_process),
+                use_tcp,
+                placement,
+            ));
+        }
+        self.all_or_none(opened)
+    }
+
+    /// All destinations, or the first error after cancelling the ones that
+    /// did open (so none waits for a sender until its deadline).
+    fn all_or_none(
+        &self,
+        opened: Vec<Result<(ReceiveDestination, PendingReceive)>>,
+    ) -> Result<Vec<ReceiveDestination>> {
+        let Some(failure) = opened.iter().find_map(|o| o.as_ref().err()).cloned() else {
+            return Ok(opened
+                .into_iter()
+                .filter_map(|o| o.ok())
+                .map(|(d, _)| d)
+                .collect());
+        };
+        for (_, receive) in opened.into_iter().flatten() {
+            let _ = receive.cancel(Status::new(
+                failure.code,
+                format!(
+                    "another buffer of this receive could not be set up: {}",
+                    failure.message
+                ),
+            ));
+        }
+        Err(failure)
+    }
+
+    fn open_destination(
+        self: &Arc<Self>,
+        request: ReceiveRequest,
+        key: CompletionKey,
+        descriptor_key: Option<String>,
+        peer_process: Option<i32>,
+        use_tcp: bool,
+        placement: &DevicePlacement,
+    ) -> Result<(ReceiveDestination, PendingReceive)> {
+        let ReceiveRequest { spec, record } = request;
+        crate::timeline!(
+            "receive {key}: opening a {}-byte destination",
+            spec.byte_size
+        );
+        let token = AuthToken::generate()?;
+        let nonce = random_u64()?;
+        let destination = if placement.is_host() {
+            // Reserved before anything is allocated (or faulted in).
+            let reservation = self
+                .receive_budget
+                .reserve(spec.byte_size as u64, &format!("receive {key}"))?;
+            let route = if use_tcp {
+                HostRoute::Tcp(self.tcp_server()?, token)
+            } else {
+                HostRoute::SharedMemory
+            };
+            Destination::Host(HostDestination::open(
+                &self.pool,
+                spec.byte_size,
+                placement.counters.clone(),
+                nonce,
+                route,
+                reservation,
+            )?)
+        } else {
+            // CUDA hook (issue #5): device memory exported as a CUDA IPC
+            // handle (transfer/cuda_path.rs).
+            Destination::Cuda(cuda_path::open_destination(
+                placement,
+                spec.byte_size,
+                use_tcp,
+                "receive",
+            )?)
+        };
+        let (allocation, offset) = destination.location();
+        crate::timeline!("receive {key}: destination ready");
+        let descriptor = Descriptor {
+            host: HostIdentity::local()?,
+            process_id: std::process::id(),
+            allocation,
+            offset,
+            byte_size: spec.byte_size as u64,
+            element_type: spec.element_type,
+            dims: spec.dims.clone(),
+            completion_key: key.as_str().to_string(),
+            nonce,
+            auth_token: token,
+        }
+        .encode()?;
+        let key_name = key.as_str().to_string();
+        let extra_keys: Vec<String> = descriptor_key.iter().cloned().collect();
+        let memory = destination.memory();
+        let record: Option<RecordEvent> = record.map(|record| {
+            let memory = memory.clone();
+            Box::new(move |outcome: &Outcome| record(outcome, &memory)) as RecordEvent
+        });
+        // Wait first, publish second: the sender can only act on the
+        // descriptor after our AsyncGet is registered.
+        let receive = self
+            .tracker
+            .begin_recording(key, nonce, extra_keys, record)?;
+        crate::timeline!("receive {key_name}: AsyncGet registered");
+        self.pending.lock().insert(
+            key_name.clone(),
+            PendingEntry {
+                receive: receive.clone(),
+                peer_process,
+            },
+        );
+        let service = Arc::downgrade(self);
+        let byte_size = spec.byte_size as u64;
+        let definition = receive.future();
+        definition.on_ready(move |outcome| {
+            let service = service.upgrade();
+            if let Some(service) = &service {
+                service.pending.lock().remove(&key_name);
+                if outcome.is_ok() {
+                    service.metrics.add_bytes_received(byte_size);
+                }
+            }
+            let server = service.as_ref().and_then(|s| s.tcp_server.get());
+            destination.retire(outcome, server);
+        });
+        // Published last, and without waiting: a store that fails to take
+        // it fails this buffer (and retires its keys).
+        if let Some(desc_key) = &descriptor_key {
+            let failing = receive.clone();
+            self.store.set_async(
+                desc_key,
+                &descriptor,
+                Box::new(move |published| {
+                    if let Err(e) = published {
+                        let _ = failing.cancel(Status::new(
+                            e.code,
+                            format!("publishing the descriptor failed: {}", e.message),
+                        ));
+                    }
+                }),
+            );
+            kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
+        }
+        Ok((
+            ReceiveDestination {
+                memory,
+                definition,
+                descriptor,
+            },
+            receive,
+        ))
+    }
+
+    /// v1 cancellation of one descriptor's buffer.
+    pub fn cancel_v1(&self, descriptor: &[u8], reason: Status, function: &str) -> Result<()> {
+        let descriptor = Descriptor::decode(descriptor)
+            .map_err(|e| status::invalid_argument(format!("{function}: {}", e.message)))?;
+        let receive = {
+            let pending = self.pending.lock();
+            let entry = pending.get(&descriptor.completion_key).ok_or_else(|| {
+                status::not_found(format!(
+                    "{function}: no pending receive for this descriptor (unknown, already completed or cancelled)"
+                ))
+            })?;
+            if entry.receive.nonce() != descriptor.nonce {
+                return Err(status::invalid_argument(format!(
+                    "{function}: descriptor nonce does not match the pending receive (stale or forged descriptor)"
+                )));
+            }
+            entry.receive.clone()
+        };
+        receive.cancel(reason)
+    }
+}
