@@ -4,7 +4,7 @@ use std::sync::Arc;
 use super::buffer::{Buffer, HostArray};
 use super::device::{Device, Memory};
 use super::element_type::Shape;
-use super::options::{ClientOptions, ComputeChoice, OptionValue, StoreChoice};
+use super::options::{ClientOptions, ComputeChoice, OptionValue, StoreChoice, TransportChoice};
 use crate::backend::compute_plugin::{
     self, AttributeValue, ComputeClient, InnerOptions, InnerPtr, PluginFamily,
 };
@@ -19,7 +19,9 @@ use crate::transfer::keys::{self, KeyReader};
 use crate::transfer::receive_budget::default_max_receive_bytes;
 use crate::transfer::service::{TransferConfig, TransferService};
 use crate::transfer::session::{LocalDevices, Session};
+use crate::transport::advertise::{self, AddressHints};
 use crate::transport::host_identity::HostIdentity;
+use crate::transport::ucx::{self, UcxTransport};
 
 pub const PLATFORM_NAME: &str = "crosshost";
 pub use crate::backend::host::HOST_DEVICE_KIND;
@@ -279,6 +281,90 @@ fn connect_peers(peer: &PeerStore, session: &Session, force_tcp: bool) -> Result
     Ok(())
 }
 
+/// `host:port` of the job's stores, whose routes name the address to
+/// advertise (JAX's coordination service, etcd's members).
+fn store_addresses(options: &ClientOptions) -> Vec<String> {
+    let mut addresses: Vec<String> = options.coordinator_address.iter().cloned().collect();
+    if let StoreChoice::Etcd(endpoints) = &options.store {
+        for endpoint in endpoints {
+            let host_port = endpoint
+                .split_once("://")
+                .map_or(endpoint.as_str(), |(_, rest)| rest);
+            addresses.push(host_port.trim_end_matches('/').to_string());
+        }
+    }
+    addresses
+}
+
+/// Starts UCX when this process has peers to reach over it (on other hosts,
+/// or any with `transport=ucx`) and exchanges worker addresses with them.
+/// Under `transport=auto` a missing UCX only means TCP (said once in the
+/// log); under `transport=ucx` it fails creation, naming why.
+fn start_ucx(
+    options: &ClientOptions,
+    session: &mut Session,
+    store: &dyn KeyValueStore,
+) -> Result<Option<UcxTransport>> {
+    let local = HostIdentity::local()?;
+    let me = session.process_index;
+    let peers: Vec<i32> = session
+        .processes
+        .iter()
+        .filter(|p| p.process_index != me && options.transport.wants_ucx(p.host == local))
+        .map(|p| p.process_index)
+        .collect();
+    let forced = options.transport == TransportChoice::Ucx;
+    if peers.is_empty() && !forced {
+        return Ok(None);
+    }
+    let started = ucx::load(options.ucx_library.as_deref())
+        .and_then(|loaded| UcxTransport::start(&loaded, me as u32));
+    if options.num_nodes > 1 {
+        let mine = match &started {
+            Ok(transport) => Ok(transport.address()),
+            Err(e) => Err(e.message.as_str()),
+        };
+        let without = session.exchange_ucx(
+            store,
+            &options.session,
+            mine,
+            &peers,
+            options.session_timeout,
+        )?;
+        if forced {
+            if let Some((peer, reason)) = without.first() {
+                return Err(crate::status::failed_precondition(format!(
+                    "PJRT_Client_Create: transport=ucx, but process {peer} of the job has no UCX: {reason}"
+                )));
+            }
+        } else {
+            for (peer, reason) in without {
+                log::info!("process {peer} has no UCX ({reason}): transfers with it use TCP");
+            }
+        }
+    }
+    match started {
+        Ok(transport) => {
+            log::info!(
+                "UCX {} is this client's data plane across hosts",
+                transport.version()
+            );
+            Ok(Some(transport))
+        }
+        Err(e) if forced => Err(crate::status::failed_precondition(format!(
+            "PJRT_Client_Create: transport=ucx: {}",
+            e.message
+        ))),
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                log::warn!("{}: transfers to other hosts use TCP", e.message);
+            });
+            Ok(None)
+        }
+    }
+}
+
 /// Devices of every process of the job on an embedded backend.
 fn embedded_devices(session: &Session, backend: &Arc<dyn Backend>) -> Vec<Arc<Device>> {
     let mut devices = Vec::new();
@@ -397,17 +483,33 @@ impl Client {
         };
         let etcd = connect_etcd(&options)?;
         let framework_store = choose_store(&options, callbacks, etcd.as_ref())?;
+        let advertised = advertise::choose(&AddressHints {
+            advertise_address: options.advertise_address.as_deref(),
+            tcp_bind: options.tcp_bind,
+            store_addresses: store_addresses(&options),
+            multi_process: options.num_nodes > 1,
+        })?;
+        if options.num_nodes > 1 {
+            log::info!(
+                "process {} is reached at {} (chosen from {}; listening on {})",
+                options.node_id,
+                advertised.address,
+                advertised.source,
+                advertised.bind
+            );
+        }
         // Transfer keys go over control links between the processes unless
         // the caller asked for its own store (kv_store=callbacks/memory).
         let use_peer_store = options.num_nodes > 1 && options.store == StoreChoice::Default;
         let mut peer_store: Option<Arc<PeerStore>> = None;
-        let session = if options.num_nodes > 1 {
+        let mut session = if options.num_nodes > 1 {
             Session::establish(
                 &*framework_store,
                 &options.session,
                 options.node_id,
                 options.num_nodes,
                 local,
+                options.transport.name(),
                 options.session_timeout,
                 |_epoch, secret| {
                     if !use_peer_store {
@@ -416,7 +518,7 @@ impl Client {
                     let store = PeerStore::start(
                         options.node_id as u32,
                         secret,
-                        options.tcp_bind,
+                        &advertised,
                         options.send_timeout.min(CONTROL_TIMEOUT),
                     )?;
                     let endpoint = store.endpoint().clone();
@@ -425,14 +527,15 @@ impl Client {
                 },
             )?
         } else {
-            Session::local(local)?
+            Session::local(local, options.transport.name())?
         };
+        let ucx = start_ucx(&options, &mut session, &*framework_store)?;
         if let Some(etcd) = &etcd {
             track_etcd_peers(etcd, &session, &options.session);
         }
         let store: Arc<dyn KeyValueStore> = match &peer_store {
             Some(peer) => {
-                connect_peers(peer, &session, options.force_tcp)?;
+                connect_peers(peer, &session, options.transport == TransportChoice::Tcp)?;
                 peer.clone()
             }
             None => framework_store,
@@ -448,14 +551,15 @@ impl Client {
             TransferConfig {
                 receive_timeout: options.receive_timeout,
                 send_timeout: options.send_timeout,
-                force_tcp: options.force_tcp,
-                tcp_bind: options.tcp_bind,
+                transport: options.transport,
+                advertised,
                 shm_pool_bytes: options.shm_pool_bytes,
                 max_receive_bytes: options
                     .max_receive_bytes
                     .unwrap_or_else(default_max_receive_bytes),
                 ..TransferConfig::default()
             },
+            ucx,
         );
         if let Some(peer) = &peer_store {
             // A peer whose link closed is gone: its receives fail now.

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::backend::BackendChoice;
 use crate::kv::etcd::endpoints as etcd_endpoints;
 use crate::status::{invalid_argument, Result};
+pub use crate::transfer::route::TransportChoice;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum OptionValue {
@@ -77,9 +78,21 @@ pub struct ClientOptions {
     /// Name of the job's session in the store (all processes use the same).
     pub session: String,
     pub store: StoreChoice,
-    /// Offer TCP destinations even to peers on this host (`transport=tcp`).
-    pub force_tcp: bool,
-    pub tcp_bind: IpAddr,
+    /// `transport=auto|tcp|ucx`.
+    pub transport: TransportChoice,
+    /// `advertise_address`: the address (or host name) the job's other
+    /// processes reach this one at; `None`: chosen (transport/advertise.rs).
+    pub advertise_address: Option<String>,
+    /// `tcp_bind`: the address this process's listeners bind to; `None`: the
+    /// advertised address. A wildcard (`0.0.0.0`, `::`) listens everywhere.
+    pub tcp_bind: Option<IpAddr>,
+    /// `coordinator_address`: `host:port` of the job's store (JAX's
+    /// coordination service; the Python package passes it), whose route
+    /// names the local address to advertise.
+    pub coordinator_address: Option<String>,
+    /// `ucx_library`: the libucp to load (else the environment, the libucx
+    /// wheel, the system's).
+    pub ucx_library: Option<String>,
     pub receive_timeout: Duration,
     pub send_timeout: Duration,
     /// How long client creation waits for the other processes.
@@ -115,8 +128,11 @@ impl Default for ClientOptions {
             num_nodes: 1,
             session: "default".into(),
             store: StoreChoice::Default,
-            force_tcp: false,
-            tcp_bind: IpAddr::from([127, 0, 0, 1]),
+            transport: TransportChoice::default(),
+            advertise_address: None,
+            tcp_bind: None,
+            coordinator_address: None,
+            ucx_library: None,
             receive_timeout: Duration::from_secs(300),
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
@@ -133,7 +149,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -154,6 +170,17 @@ fn expect_str<'a>(name: &str, value: &'a OptionValue) -> Result<&'a str> {
             other.type_name()
         ))),
     }
+}
+
+/// A host name or address: printable ASCII, no spaces, not empty.
+fn expect_host<'a>(name: &str, value: &'a OptionValue) -> Result<&'a str> {
+    let s = expect_str(name, value)?;
+    if s.is_empty() || s.len() > 255 || !s.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(invalid_argument(format!(
+            "{CONTEXT}: create option '{name}' must be a host name or IP address, got {s:?}"
+        )));
+    }
+    Ok(s)
 }
 
 fn expect_range(name: &str, value: &OptionValue, low: i64, high: i64) -> Result<i64> {
@@ -215,30 +242,43 @@ impl ClientOptions {
                         }
                         _ => {
                             return Err(invalid_argument(format!(
-                                "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks', \
+                            "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks', \
                                  'memory:<name>' or 'etcd://host:port[,host:port...]', got {s:?}"
-                            )))
+                        )))
                         }
                     };
                 }
                 "transport" => {
-                    parsed.force_tcp = match expect_str(name, value)? {
-                        "auto" => false,
-                        "tcp" => true,
-                        other => {
-                            return Err(invalid_argument(format!(
-                                "{CONTEXT}: create option 'transport' must be 'auto' or 'tcp', got {other:?}"
-                            )))
-                        }
-                    }
+                    let s = expect_str(name, value)?;
+                    parsed.transport = TransportChoice::parse(s).ok_or_else(|| {
+                        invalid_argument(format!(
+                            "{CONTEXT}: create option 'transport' must be 'auto', 'tcp' or 'ucx', got {s:?}"
+                        ))
+                    })?;
                 }
                 "tcp_bind" => {
                     let s = expect_str(name, value)?;
-                    parsed.tcp_bind = s.parse().map_err(|_| {
+                    parsed.tcp_bind = Some(s.parse().map_err(|_| {
                         invalid_argument(format!(
                             "{CONTEXT}: create option 'tcp_bind' must be an IP address, got {s:?}"
                         ))
-                    })?;
+                    })?);
+                }
+                "advertise_address" => {
+                    parsed.advertise_address = Some(expect_host(name, value)?.to_string())
+                }
+                "coordinator_address" => {
+                    let s = expect_host(name, value)?;
+                    if !s.contains(':') {
+                        return Err(invalid_argument(format!(
+                            "{CONTEXT}: create option 'coordinator_address' must be host:port, got {s:?}"
+                        )));
+                    }
+                    parsed.coordinator_address = Some(s.to_string())
+                }
+                "ucx_library" => {
+                    let s = expect_str(name, value)?;
+                    parsed.ucx_library = (!s.is_empty()).then(|| s.to_string());
                 }
                 "receive_timeout_ms" => parsed.receive_timeout = expect_millis(name, value)?,
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
@@ -263,9 +303,9 @@ impl ClientOptions {
                     };
                 }
                 _ => match name.strip_prefix(COMPUTE_OPTION_PREFIX) {
-                    Some(inner) if !inner.is_empty() => {
-                        parsed.compute_options.push((inner.to_string(), value.clone()))
-                    }
+                    Some(inner) if !inner.is_empty() => parsed
+                        .compute_options
+                        .push((inner.to_string(), value.clone())),
                     _ => unknown.push(name.clone()),
                 },
             }
@@ -316,12 +356,55 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.store, StoreChoice::NamedMemory("job1".into()));
-        assert!(o.force_tcp);
+        assert_eq!(o.transport, TransportChoice::Tcp);
         assert_eq!(o.receive_timeout, Duration::from_millis(250));
         assert!(ClientOptions::parse(&[("node_id".into(), OptionValue::Int(1))]).is_err());
         assert!(
             ClientOptions::parse(&[("kv_store".into(), OptionValue::Str("etcd".into()))]).is_err()
         );
+    }
+
+    #[test]
+    fn transport_and_address_options_parse_and_bad_ones_name_themselves() {
+        let o = ClientOptions::parse(&[
+            ("transport".into(), OptionValue::Str("ucx".into())),
+            (
+                "advertise_address".into(),
+                OptionValue::Str("host-b".into()),
+            ),
+            ("tcp_bind".into(), OptionValue::Str("::".into())),
+            (
+                "coordinator_address".into(),
+                OptionValue::Str("10.0.0.1:1234".into()),
+            ),
+            (
+                "ucx_library".into(),
+                OptionValue::Str("/opt/ucx/libucp.so".into()),
+            ),
+        ])
+        .unwrap();
+        assert_eq!(o.transport, TransportChoice::Ucx);
+        assert_eq!(o.advertise_address.as_deref(), Some("host-b"));
+        assert_eq!(o.tcp_bind, Some("::".parse().unwrap()));
+        assert_eq!(o.coordinator_address.as_deref(), Some("10.0.0.1:1234"));
+        assert_eq!(o.ucx_library.as_deref(), Some("/opt/ucx/libucp.so"));
+        let defaults = ClientOptions::default();
+        assert_eq!(defaults.transport, TransportChoice::Auto);
+        assert_eq!(
+            (defaults.advertise_address, defaults.tcp_bind),
+            (None, None)
+        );
+        for (name, bad) in [
+            ("transport", "rdma"),
+            ("advertise_address", "a b"),
+            ("advertise_address", ""),
+            ("coordinator_address", "no-port"),
+            ("tcp_bind", "host-b"),
+        ] {
+            let e =
+                ClientOptions::parse(&[(name.into(), OptionValue::Str(bad.into()))]).unwrap_err();
+            assert!(e.message.contains(name), "{name}={bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -304,7 +304,7 @@ impl Client {
 
     /// The transfer metrics as a JSON object.
     pub fn metrics_json(&self) -> String {
-        self.transfers().metrics().to_json()
+        self.transfers().metrics_json()
     }
 }
 

@@ -76,6 +76,13 @@ pub trait DeviceMemory: Send + Sync {
     /// The address a framework may read directly (host memory) or the device
     /// address (GPU memory); stable for the allocation's lifetime.
     fn address(&self) -> usize;
+    /// Where the whole contents can be read in place, without a copy: the
+    /// address of `len()` bytes of host memory that stay valid while the
+    /// allocation lives and, once it is defined, unwritten. `None` where
+    /// reading needs a copy (device memory, a layout conversion).
+    fn host_pointer(&self) -> Result<Option<usize>> {
+        Ok(self.is_host_memory().then(|| self.address()))
+    }
     /// True when `address()` is host-addressable memory.
     fn is_host_memory(&self) -> bool;
     /// Whether `read` is a plain memory copy that never waits on another

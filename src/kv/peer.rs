@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 
 use super::{GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, WaiterId};
 use crate::status::{self, Result};
+use crate::transport::advertise::Advertised;
 use crate::transport::control::{
     ControlConfig, ControlEndpoint, ControlHandler, ControlLink, ControlServer, Secret,
 };
@@ -85,7 +86,7 @@ impl PeerStore {
     pub fn start(
         me: u32,
         secret: Secret,
-        tcp_bind: std::net::IpAddr,
+        advertised: &Advertised,
         timeout: Duration,
     ) -> Result<Arc<PeerStore>> {
         let local = Arc::new(Local {
@@ -96,7 +97,8 @@ impl PeerStore {
         let weak: Weak<dyn ControlHandler> =
             Arc::downgrade(&(local.clone() as Arc<dyn ControlHandler>));
         let server = ControlServer::start(
-            tcp_bind,
+            advertised.bind,
+            advertised.address,
             secret,
             weak,
             ControlConfig {
@@ -300,13 +302,13 @@ mod tests {
     fn pair() -> (Arc<PeerStore>, Arc<PeerStore>) {
         let secret = Secret::generate().unwrap();
         let start = |me| {
-            PeerStore::start(
-                me,
-                secret,
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                Duration::from_secs(10),
-            )
-            .unwrap()
+            let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            let advertised = Advertised {
+                bind: loopback,
+                address: loopback,
+                source: "test".into(),
+            };
+            PeerStore::start(me, secret, &advertised, Duration::from_secs(10)).unwrap()
         };
         let stores = [start(0), start(1)];
         let addresses: HashMap<u32, PeerAddress> = stores

@@ -3,6 +3,55 @@
 //! `pjrt_crosshost_metrics_json` hands out.
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Which transport moved a buffer's bytes (the `transports` object of the
+/// metrics JSON, one entry each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByteRoute {
+    SharedMemory,
+    Tcp,
+    Ucx,
+    CudaIpc,
+}
+
+impl ByteRoute {
+    pub const ALL: [ByteRoute; 4] = [
+        ByteRoute::SharedMemory,
+        ByteRoute::Tcp,
+        ByteRoute::Ucx,
+        ByteRoute::CudaIpc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteRoute::SharedMemory => "shm",
+            ByteRoute::Tcp => "tcp",
+            ByteRoute::Ucx => "ucx",
+            ByteRoute::CudaIpc => "cuda_ipc",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Bytes and buffers one transport moved, each way.
+#[derive(Default, Debug)]
+struct RouteCounters {
+    bytes_sent: AtomicU64,
+    transfers_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    transfers_received: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteSnapshot {
+    pub bytes_sent: u64,
+    pub transfers_sent: u64,
+    pub bytes_received: u64,
+    pub transfers_received: u64,
+}
+
 /// Counters. `keys_outstanding` is derived: keys this client created in the
 /// store and has not deleted — receives still pending, plus keys retained
 /// because the store cannot delete, plus keys whose delete failed.
@@ -17,6 +66,7 @@ pub struct Metrics {
     timeouts: AtomicU64,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
+    routes: [RouteCounters; 4],
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,6 +81,8 @@ pub struct MetricsSnapshot {
     pub timeouts: u64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
+    /// Per transport, in `ByteRoute::ALL` order.
+    pub routes: [RouteSnapshot; 4],
 }
 
 macro_rules! counter_adders {
@@ -60,8 +112,28 @@ impl Metrics {
         add_bytes_sent => bytes_sent,
     }
 
+    /// One buffer of `bytes` went out over `route`.
+    pub fn sent_over(&self, route: ByteRoute, bytes: u64) {
+        let counters = &self.routes[route.index()];
+        counters.bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+        counters.transfers_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One buffer of `bytes` came in over `route`.
+    pub fn received_over(&self, route: ByteRoute, bytes: u64) {
+        let counters = &self.routes[route.index()];
+        counters.bytes_received.fetch_add(bytes, Ordering::Relaxed);
+        counters.transfers_received.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> MetricsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let route = |r: &RouteCounters| RouteSnapshot {
+            bytes_sent: get(&r.bytes_sent),
+            transfers_sent: get(&r.transfers_sent),
+            bytes_received: get(&r.bytes_received),
+            transfers_received: get(&r.transfers_received),
+        };
         let keys_created = get(&self.keys_created);
         let keys_deleted = get(&self.keys_deleted);
         MetricsSnapshot {
@@ -75,17 +147,25 @@ impl Metrics {
             timeouts: get(&self.timeouts),
             bytes_received: get(&self.bytes_received),
             bytes_sent: get(&self.bytes_sent),
+            routes: [
+                route(&self.routes[0]),
+                route(&self.routes[1]),
+                route(&self.routes[2]),
+                route(&self.routes[3]),
+            ],
         }
     }
 
     pub fn to_json(&self) -> String {
-        self.snapshot().to_json()
+        self.snapshot().to_json(&[])
     }
 }
 
 impl MetricsSnapshot {
-    /// A flat JSON object of integers, keys in a fixed order.
-    pub fn to_json(&self) -> String {
+    /// A JSON object: the counters as integers, keys in a fixed order, then
+    /// `transports`, an object per transport with its four counters and the
+    /// `(name, text)` labels given for it (e.g. UCX's lanes).
+    pub fn to_json(&self, labels: &[(ByteRoute, &str, String)]) -> String {
         let fields = [
             ("keys_created", self.keys_created),
             ("keys_deleted", self.keys_deleted),
@@ -98,12 +178,40 @@ impl MetricsSnapshot {
             ("bytes_received", self.bytes_received),
             ("bytes_sent", self.bytes_sent),
         ];
-        let body: Vec<String> = fields
+        let mut body: Vec<String> = fields
             .iter()
             .map(|(name, value)| format!("\"{name}\":{value}"))
             .collect();
+        let routes: Vec<String> = ByteRoute::ALL
+            .iter()
+            .zip(&self.routes)
+            .map(|(route, r)| {
+                let mut entry = format!(
+                    "\"bytes_sent\":{},\"transfers_sent\":{},\"bytes_received\":{},\"transfers_received\":{}",
+                    r.bytes_sent, r.transfers_sent, r.bytes_received, r.transfers_received
+                );
+                for (_, name, text) in labels.iter().filter(|(l, _, _)| l == route) {
+                    entry.push_str(&format!(",\"{name}\":\"{}\"", json_escape(text)));
+                }
+                format!("\"{}\":{{{entry}}}", route.name())
+            })
+            .collect();
+        body.push(format!("\"transports\":{{{}}}", routes.join(",")));
         format!("{{{}}}", body.join(","))
     }
+}
+
+fn json_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -121,7 +229,7 @@ mod tests {
         let json = m.to_json();
         assert!(json.starts_with("{\"keys_created\":5,\"keys_deleted\":3,"));
         assert!(json.contains("\"keys_outstanding\":2"));
-        assert!(json.contains("\"bytes_sent\":1099511627776}"));
+        assert!(json.contains("\"bytes_sent\":1099511627776,\"transports\""));
         for key in [
             "delete_failures",
             "retained_keys",
@@ -132,5 +240,28 @@ mod tests {
         ] {
             assert!(json.contains(&format!("\"{key}\":0")), "{key} in {json}");
         }
+    }
+
+    #[test]
+    fn each_transport_counts_its_own_bytes_and_carries_its_labels() {
+        let m = Metrics::new();
+        m.sent_over(ByteRoute::Ucx, 4096);
+        m.sent_over(ByteRoute::Ucx, 10);
+        m.received_over(ByteRoute::SharedMemory, 7);
+        let s = m.snapshot();
+        assert_eq!(s.routes[2].bytes_sent, 4106);
+        assert_eq!(s.routes[2].transfers_sent, 2);
+        assert_eq!(s.routes[0].transfers_received, 1);
+        let json = s.to_json(&[(ByteRoute::Ucx, "lanes", "tcp/\"eth0\"".into())]);
+        assert!(
+            json.contains(
+                "\"ucx\":{\"bytes_sent\":4106,\"transfers_sent\":2,\"bytes_received\":0,\"transfers_received\":0,\"lanes\":\"tcp/\\\"eth0\\\"\"}"
+            ),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"shm\":{\"bytes_sent\":0,\"transfers_sent\":0,\"bytes_received\":7,")
+        );
+        assert!(json.ends_with("}}}"), "{json}");
     }
 }

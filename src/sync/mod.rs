@@ -6,7 +6,7 @@ pub mod runner;
 pub mod timeline;
 pub mod timer;
 
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use metrics::{ByteRoute, Metrics, MetricsSnapshot};
 pub use promise::{Future, PromiseOnce};
 pub use runner::AsyncWorkRunner;
 pub use timer::{DeadlineTimer, TimerId};

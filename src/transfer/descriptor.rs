@@ -10,13 +10,13 @@
 //! |---|---|
 //! | 4 | magic `"PXHD"` |
 //! | 2 | version (= 1) |
-//! | 1 | transport kind: 1 in-process, 2 shared memory, 3 TCP, 4 CUDA IPC |
+//! | 1 | transport kind: 1 in-process, 2 shared memory, 3 TCP, 4 CUDA IPC, 5 UCX |
 //! | 1 | flags (reserved, must be 0) |
 //! | 4 | total length of the encoding, checksum included |
 //! | 2 + n | hostname (UTF-8, 1..=255 bytes) |
 //! | 2 + n | boot id (UTF-8, 1..=64 bytes) |
 //! | 4 | process id |
-//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/crosshost-<pid namespace>-<pid>-<start time>-<32 hex>`, see `transport/shm.rs`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes |
+//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/crosshost-<pid namespace>-<pid>-<start time>-<32 hex>`, see `transport/shm.rs`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes; UCX = the receiving process's index in the job (u32), whose worker address the sender takes from its own session table |
 //! | 8 | offset of the destination inside the allocation |
 //! | 8 | byte size (offset + size must not overflow) |
 //! | 4 | element type (raw `PJRT_Buffer_Type`) |
@@ -69,6 +69,7 @@ pub enum TransportKind {
     SharedMemory = 2,
     Tcp = 3,
     CudaIpc = 4,
+    Ucx = 5,
 }
 
 impl TransportKind {
@@ -78,6 +79,7 @@ impl TransportKind {
             2 => Ok(TransportKind::SharedMemory),
             3 => Ok(TransportKind::Tcp),
             4 => Ok(TransportKind::CudaIpc),
+            5 => Ok(TransportKind::Ucx),
             other => Err(malformed(format!("unknown transport kind {other}"))),
         }
     }
@@ -94,6 +96,8 @@ pub enum AllocationHandle {
     Tcp { endpoint: SocketAddr },
     /// An opaque `CUipcMemHandle`.
     CudaIpc { handle: [u8; CUDA_IPC_HANDLE_LEN] },
+    /// The UCX worker of process `process` of the job.
+    Ucx { process: u32 },
 }
 
 impl AllocationHandle {
@@ -103,6 +107,7 @@ impl AllocationHandle {
             AllocationHandle::SharedMemory { .. } => TransportKind::SharedMemory,
             AllocationHandle::Tcp { .. } => TransportKind::Tcp,
             AllocationHandle::CudaIpc { .. } => TransportKind::CudaIpc,
+            AllocationHandle::Ucx { .. } => TransportKind::Ucx,
         }
     }
 
@@ -112,6 +117,7 @@ impl AllocationHandle {
             AllocationHandle::SharedMemory { name } => name.as_bytes().to_vec(),
             AllocationHandle::Tcp { endpoint } => endpoint.to_string().into_bytes(),
             AllocationHandle::CudaIpc { handle } => handle.to_vec(),
+            AllocationHandle::Ucx { process } => process.to_le_bytes().to_vec(),
         }
     }
 
@@ -151,6 +157,17 @@ impl AllocationHandle {
                 })?;
                 Ok(AllocationHandle::CudaIpc { handle })
             }
+            TransportKind::Ucx => {
+                let process: [u8; 4] = bytes.try_into().map_err(|_| {
+                    malformed(format!(
+                        "UCX allocation handle must be 4 bytes, got {}",
+                        bytes.len()
+                    ))
+                })?;
+                Ok(AllocationHandle::Ucx {
+                    process: u32::from_le_bytes(process),
+                })
+            }
         }
     }
 }
@@ -164,6 +181,7 @@ impl fmt::Debug for AllocationHandle {
             AllocationHandle::SharedMemory { name } => write!(f, "SharedMemory({name})"),
             AllocationHandle::Tcp { endpoint } => write!(f, "Tcp({endpoint})"),
             AllocationHandle::CudaIpc { .. } => f.write_str("CudaIpc(<64 bytes>)"),
+            AllocationHandle::Ucx { process } => write!(f, "Ucx(process {process})"),
         }
     }
 }

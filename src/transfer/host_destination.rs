@@ -1,7 +1,7 @@
 //! Receive destinations in host memory: a lease of the receiver's pool of
 //! pre-faulted shared memory, offered to a sender on this host by name (it
-//! writes the mapping directly) or to a sender elsewhere through the TCP
-//! receive server (single-use token). The GPU counterpart is
+//! writes the mapping directly) or to a sender elsewhere through a network
+//! transport, the TCP receive server or UCX (single-use token). The GPU counterpart is
 //! `cuda_path::CudaDestination`; `service.rs` treats both as `Destination`.
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -17,9 +17,9 @@ use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::ClaimRange;
+use crate::transport::registry::DestinationRegistry;
 use crate::transport::shm::SharedRegion;
 use crate::transport::shm_pool::{ShmLease, ShmPool};
-use crate::transport::tcp::TcpReceiveServer;
 
 /// Receive destinations of this process, by shared-memory name, so that a
 /// sender in the same process writes them directly instead of mapping them
@@ -44,16 +44,29 @@ fn register_local(region: &Arc<SharedRegion>) {
 pub enum HostRoute<'a> {
     /// Same host: the shared-memory object by name.
     SharedMemory,
-    /// Another host (or `transport=tcp`): the TCP server, with this token.
-    Tcp(&'a TcpReceiveServer, AuthToken),
+    /// Another host (or `transport=tcp|ucx`): a network transport that
+    /// writes what senders presenting `token` send into the destinations of
+    /// `registry`; the descriptor names the transport by `allocation`.
+    Network {
+        registry: &'a Arc<DestinationRegistry>,
+        token: AuthToken,
+        allocation: AllocationHandle,
+    },
+}
+
+/// The token under which a network transport may write a destination.
+struct NetworkOffer {
+    token: AuthToken,
+    registry: Arc<DestinationRegistry>,
 }
 
 pub struct HostDestination {
     memory: Arc<SharedHostMemory>,
     lease: Arc<ShmLease>,
     claim: ClaimRange,
-    /// The TCP token registered for this destination, if offered over TCP.
-    tcp_token: Option<AuthToken>,
+    /// Where a network transport may write this destination, if offered
+    /// over one.
+    offer: Option<NetworkOffer>,
     allocation: AllocationHandle,
     offset: u64,
 }
@@ -81,11 +94,18 @@ impl HostDestination {
             len: byte_size as u64,
         };
         lease.claim_slot().arm(&claim)?;
-        let (allocation, offset, tcp_token) = match route {
-            HostRoute::Tcp(server, token) => {
-                server.register(token, lease.clone())?;
-                let endpoint = server.local_addr();
-                (AllocationHandle::Tcp { endpoint }, 0, Some(token))
+        let (allocation, offset, offer) = match route {
+            HostRoute::Network {
+                registry,
+                token,
+                allocation,
+            } => {
+                registry.register(token, lease.clone())?;
+                let offer = NetworkOffer {
+                    token,
+                    registry: registry.clone(),
+                };
+                (allocation, 0, Some(offer))
             }
             HostRoute::SharedMemory => {
                 let region = lease.region();
@@ -102,7 +122,7 @@ impl HostDestination {
             memory,
             lease,
             claim,
-            tcp_token,
+            offer,
             allocation,
             offset,
         })
@@ -113,10 +133,10 @@ impl HostDestination {
     /// claimed one that failed is quarantined (the sender's write may still
     /// land, so the range is never handed out again); a dedicated region
     /// loses its name (the buffer keeps the mapping).
-    pub fn retire(&self, outcome: &Outcome, tcp_server: Option<&TcpReceiveServer>) {
+    pub fn retire(&self, outcome: &Outcome) {
         let mut claimed = !self.lease.claim_slot().close_unclaimed(&self.claim);
-        if let (Some(token), Some(server)) = (&self.tcp_token, tcp_server) {
-            if server.unregister(token).is_none() {
+        if let Some(offer) = &self.offer {
+            if offer.registry.unregister(&offer.token).is_none() {
                 claimed = true;
             }
         }
@@ -159,9 +179,9 @@ impl Destination {
 
     /// Ends the destination with the receive's outcome (see
     /// `HostDestination::retire`).
-    pub fn retire(&self, outcome: &Outcome, tcp_server: Option<&TcpReceiveServer>) {
+    pub fn retire(&self, outcome: &Outcome) {
         match self {
-            Destination::Host(host) => host.retire(outcome, tcp_server),
+            Destination::Host(host) => host.retire(outcome),
             Destination::Cuda(cuda) => cuda.retire(),
         }
     }

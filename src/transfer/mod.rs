@@ -8,6 +8,7 @@ pub mod keys;
 pub mod receipt;
 pub mod receive_budget;
 pub mod recv_state;
+pub mod route;
 pub mod service;
 pub mod session;
 

@@ -7,10 +7,15 @@
 //!
 //! Keys (under the caller's session name):
 //! - `crosshost/session/<name>/epoch`: written by process 0;
-//! - `crosshost/session/<name>/<epoch>/process/<i>`: each process's entry.
+//! - `crosshost/session/<name>/<epoch>/process/<i>`: each process's entry;
+//! - `crosshost/session/<name>/<epoch>/ucx/<i>`: process i's UCX worker
+//!   address (or why it has none), written only by processes that have a
+//!   peer to reach over UCX (one on another host, or `transport=ucx`), and
+//!   read only by those peers: a job on one host never starts UCX.
 //!
 //! A store shared by several jobs must give each job its own session name
 //! (JAX's coordination service is per job, so under JAX this holds).
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::kv::KeyValueStore;
@@ -22,6 +27,24 @@ use crate::transport::random::random_u64;
 /// The most devices a peer's session entry may state (XLA numbers a
 /// process's devices below 2048 apart; twice that is generous).
 pub const MAX_DEVICES_PER_PROCESS: usize = 4096;
+
+/// The longest UCX worker address a peer may state (a few hundred bytes
+/// per network device; generous for many).
+pub const MAX_UCX_ADDRESS_LEN: usize = 64 << 10;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
 
 /// The devices a process brings to the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,11 +77,14 @@ pub struct ProcessEntry {
     pub pid: u32,
     /// Where its control links are served (peer store), if it has them.
     pub control: Option<ControlEndpoint>,
+    /// Its `transport` option (every process of a job must use the same).
+    pub transport: String,
 }
 
 impl ProcessEntry {
-    fn mine(process_index: i32, devices: LocalDevices) -> Result<ProcessEntry> {
+    fn mine(process_index: i32, devices: LocalDevices, transport: &str) -> Result<ProcessEntry> {
         Ok(ProcessEntry {
+            transport: transport.to_string(),
             process_index,
             num_devices: devices.count,
             device_ids: devices.ids,
@@ -79,13 +105,14 @@ impl ProcessEntry {
             .as_ref()
             .map_or_else(|| "-".to_string(), ControlEndpoint::encode);
         format!(
-            "xs3 {} {} {} {} {} {} {}",
+            "xs4 {} {} {} {} {} {} {} {}",
             self.num_devices,
             self.host.hostname,
             self.host.boot_id,
             self.pid,
             ids,
             control,
+            self.transport,
             self.device_kind
         )
     }
@@ -99,8 +126,9 @@ impl ProcessEntry {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         // The kind is last and may contain spaces (a GPU's name).
-        let parts: Vec<&str> = text.splitn(8, ' ').collect();
-        let ["xs3", devices, hostname, boot_id, pid, ids, control, kind] = parts[..] else {
+        let parts: Vec<&str> = text.splitn(9, ' ').collect();
+        let ["xs4", devices, hostname, boot_id, pid, ids, control, transport, kind] = parts[..]
+        else {
             return Err(bad());
         };
         let control = match control {
@@ -137,6 +165,7 @@ impl ProcessEntry {
             },
             pid: pid.parse().map_err(|_| bad())?,
             control,
+            transport: transport.to_string(),
         })
     }
 }
@@ -152,16 +181,19 @@ pub struct Session {
     pub process_index: i32,
     /// Every process of the job, ordered by process index.
     pub processes: Vec<ProcessEntry>,
+    /// UCX worker addresses of the peers this process reaches over UCX.
+    pub ucx: HashMap<i32, Vec<u8>>,
 }
 
 impl Session {
     /// A single-process session: nothing to agree on.
-    pub fn local(devices: LocalDevices) -> Result<Session> {
+    pub fn local(devices: LocalDevices, transport: &str) -> Result<Session> {
         Ok(Session {
             epoch: format!("{:016x}", random_u64()?),
             secret: Secret::generate()?,
             process_index: 0,
-            processes: vec![ProcessEntry::mine(0, devices)?],
+            processes: vec![ProcessEntry::mine(0, devices, transport)?],
+            ucx: HashMap::new(),
         })
     }
 
@@ -183,6 +215,7 @@ impl Session {
         process_index: i32,
         num_processes: usize,
         devices: LocalDevices,
+        transport: &str,
         timeout: Duration,
         control: impl FnOnce(&str, Secret) -> Result<Option<ControlEndpoint>>,
     ) -> Result<Session> {
@@ -210,7 +243,7 @@ impl Session {
             let (epoch, secret) = text.split_once(' ').ok_or_else(bad)?;
             (epoch.to_string(), Secret::from_hex(secret).ok_or_else(bad)?)
         };
-        let mut me = ProcessEntry::mine(process_index, devices)?;
+        let mut me = ProcessEntry::mine(process_index, devices, transport)?;
         me.control = control(&epoch, secret)?;
         let entry_key = |i: usize| Session::entry_key(name, &epoch, i);
         store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
@@ -229,7 +262,16 @@ impl Session {
                     ),
                 )
             })?;
-            processes.push(ProcessEntry::decode(i as i32, &bytes)?);
+            let entry = ProcessEntry::decode(i as i32, &bytes)?;
+            if entry.transport != transport {
+                return Err(status::failed_precondition(format!(
+                    "session {name:?}: process {i} uses transport={} and this process (process \
+                     {process_index}) transport={transport}: every process of a job needs the same \
+                     transport",
+                    entry.transport
+                )));
+            }
+            processes.push(entry);
         }
         let total: usize = processes.iter().map(|p| p.num_devices).sum();
         if total > i32::MAX as usize {
@@ -243,7 +285,67 @@ impl Session {
             secret,
             process_index,
             processes,
+            ucx: HashMap::new(),
         })
+    }
+
+    /// Where process `index` states its UCX worker address.
+    pub fn ucx_key(name: &str, epoch: &str, index: i32) -> String {
+        format!("crosshost/session/{name}/{epoch}/ucx/{index}")
+    }
+
+    /// Publishes this process's UCX worker address (or, `Err`, why it has
+    /// none) and reads those of `peers`, waiting at most `timeout` for each.
+    /// Peers without one are left out of `ucx`; their reasons come back.
+    pub fn exchange_ucx(
+        &mut self,
+        store: &dyn KeyValueStore,
+        name: &str,
+        mine: std::result::Result<&[u8], &str>,
+        peers: &[i32],
+        timeout: Duration,
+    ) -> Result<Vec<(i32, String)>> {
+        let value = match mine {
+            Ok(address) => format!("xu1 {}", hex(address)),
+            Err(reason) => format!("xu1 - {}", reason.replace('\n', " ")),
+        };
+        store.set(
+            &Session::ucx_key(name, &self.epoch, self.process_index),
+            value.as_bytes(),
+        )?;
+        let mut without = Vec::new();
+        for &peer in peers {
+            let bytes = store
+                .get(&Session::ucx_key(name, &self.epoch, peer), timeout)
+                .map_err(|e| {
+                    status::Status::new(
+                        e.code,
+                        format!(
+                            "waiting for process {peer} of session {name:?} to state its UCX address: {}",
+                            e.message
+                        ),
+                    )
+                })?;
+            let bad = || {
+                status::data_loss(format!(
+                    "session {name:?}: process {peer}'s UCX address is malformed"
+                ))
+            };
+            let text = String::from_utf8(bytes).map_err(|_| bad())?;
+            match text.strip_prefix("xu1 ").ok_or_else(bad)? {
+                reason if reason.starts_with("- ") => {
+                    without.push((peer, reason[2..].to_string()));
+                }
+                address => {
+                    let address = unhex(address).ok_or_else(bad)?;
+                    if address.is_empty() || address.len() > MAX_UCX_ADDRESS_LEN {
+                        return Err(bad());
+                    }
+                    self.ucx.insert(peer, address);
+                }
+            }
+        }
+        Ok(without)
     }
 
     /// The global ids of each process's devices: the ones it stated, or
@@ -290,6 +392,7 @@ mod tests {
                 1,
                 2,
                 host(3),
+                "auto",
                 Duration::from_secs(10),
                 no_control,
             )
@@ -301,6 +404,7 @@ mod tests {
             0,
             2,
             host(2),
+            "auto",
             Duration::from_secs(10),
             no_control,
         )
@@ -338,8 +442,17 @@ mod tests {
                     tcp: "127.0.0.1:4242".parse().unwrap(),
                 }))
             };
-            Session::establish(&*s2, "ids", 1, 2, devices, Duration::from_secs(10), control)
-                .unwrap()
+            Session::establish(
+                &*s2,
+                "ids",
+                1,
+                2,
+                devices,
+                "auto",
+                Duration::from_secs(10),
+                control,
+            )
+            .unwrap()
         });
         let devices = stated(vec![0, 1], "cpu");
         let first = Session::establish(
@@ -348,6 +461,7 @@ mod tests {
             0,
             2,
             devices,
+            "auto",
             Duration::from_secs(10),
             no_control,
         )
@@ -371,16 +485,18 @@ mod tests {
         for text in [
             "xs1 2 h b 1",
             "xs2 2 h b 1 - cpu",
-            "xs3 2 h b 1 0,1,2 - cpu",
-            "xs3 x h b 1 - - cpu",
-            "xs3 1 h b 1 a - cpu",
-            "xs3 1 h b 1 - unix=x cpu",
+            "xs3 2 h b 7 - - crosshost host",
+            "xs4 2 h b 1 0,1,2 - auto cpu",
+            "xs4 x h b 1 - - auto cpu",
+            "xs4 1 h b 1 a - auto cpu",
+            "xs4 1 h b 1 - unix=x auto cpu",
         ] {
             let err = ProcessEntry::decode(3, text.as_bytes()).unwrap_err();
             assert_eq!(err.code, crate::status::Code::DataLoss, "{text}");
         }
-        let ok = ProcessEntry::decode(3, b"xs3 2 h b 7 - - crosshost host").unwrap();
+        let ok = ProcessEntry::decode(3, b"xs4 2 h b 7 - - tcp crosshost host").unwrap();
         assert_eq!(ok.device_kind, "crosshost host");
+        assert_eq!(ok.transport, "tcp");
         assert_eq!((ok.num_devices, ok.pid, ok.device_ids), (2, 7, None));
     }
 
@@ -393,10 +509,129 @@ mod tests {
             0,
             2,
             host(1),
+            "auto",
             Duration::from_millis(20),
             no_control,
         )
         .unwrap_err();
         assert!(err.message.contains("process 1"), "{}", err.message);
+    }
+
+    #[test]
+    fn processes_with_different_transports_are_refused_naming_both() {
+        let store = Arc::new(MemoryStore::new());
+        let s2 = store.clone();
+        let other = std::thread::spawn(move || {
+            Session::establish(
+                &*s2,
+                "mixed",
+                1,
+                2,
+                host(1),
+                "tcp",
+                Duration::from_secs(10),
+                no_control,
+            )
+        });
+        let err = Session::establish(
+            &*store,
+            "mixed",
+            0,
+            2,
+            host(1),
+            "auto",
+            Duration::from_secs(10),
+            no_control,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, crate::status::Code::FailedPrecondition);
+        assert!(
+            err.message.contains("transport=tcp") && err.message.contains("transport=auto"),
+            "{err}"
+        );
+        assert!(other.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn ucx_addresses_travel_between_the_peers_that_need_them_and_reasons_otherwise() {
+        let store = Arc::new(MemoryStore::new());
+        let s2 = store.clone();
+        let other = std::thread::spawn(move || {
+            let mut session = Session::establish(
+                &*s2,
+                "ucx",
+                1,
+                3,
+                host(1),
+                "auto",
+                Duration::from_secs(10),
+                no_control,
+            )
+            .unwrap();
+            let without = session
+                .exchange_ucx(
+                    &*s2,
+                    "ucx",
+                    Ok(&[1, 2, 0xff]),
+                    &[0, 2],
+                    Duration::from_secs(10),
+                )
+                .unwrap();
+            (session, without)
+        });
+        let third = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut session = Session::establish(
+                    &*store,
+                    "ucx",
+                    2,
+                    3,
+                    host(1),
+                    "auto",
+                    Duration::from_secs(10),
+                    no_control,
+                )
+                .unwrap();
+                session
+                    .exchange_ucx(
+                        &*store,
+                        "ucx",
+                        Err("no libucp"),
+                        &[1],
+                        Duration::from_secs(10),
+                    )
+                    .unwrap();
+            })
+        };
+        let mut first = Session::establish(
+            &*store,
+            "ucx",
+            0,
+            3,
+            host(1),
+            "auto",
+            Duration::from_secs(10),
+            no_control,
+        )
+        .unwrap();
+        let without = first
+            .exchange_ucx(&*store, "ucx", Ok(&[9]), &[1], Duration::from_secs(10))
+            .unwrap();
+        assert!(without.is_empty());
+        assert_eq!(first.ucx.get(&1), Some(&vec![1, 2, 0xff]));
+        let (second, reasons) = other.join().unwrap();
+        third.join().unwrap();
+        assert_eq!(second.ucx.get(&0), Some(&vec![9]));
+        assert!(!second.ucx.contains_key(&2));
+        assert_eq!(reasons, vec![(2, "no libucp".to_string())]);
+        // A garbled address is refused, not half-read.
+        store
+            .set(&Session::ucx_key("ucx", &first.epoch, 1), b"xu1 zz")
+            .unwrap();
+        let err = first
+            .exchange_ucx(&*store, "ucx", Ok(&[9]), &[1], Duration::from_secs(1))
+            .unwrap_err();
+        assert_eq!(err.code, crate::status::Code::DataLoss);
     }
 }

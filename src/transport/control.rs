@@ -280,9 +280,12 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Listens on a fresh abstract Unix socket and on `tcp_bind` (a port the
-    /// OS picks); requests go to `handler` once a peer knows `secret`.
+    /// OS picks), telling peers to reach it at `advertise` (the listener
+    /// may be a wildcard); requests go to `handler` once a peer knows
+    /// `secret`.
     pub fn start(
         tcp_bind: IpAddr,
+        advertise: IpAddr,
         secret: Secret,
         handler: Weak<dyn ControlHandler>,
         config: ControlConfig,
@@ -300,11 +303,13 @@ impl ControlServer {
         let tcp = TcpListener::bind(SocketAddr::new(tcp_bind, 0)).map_err(|e| {
             status::unavailable(format!("control link: cannot listen on {tcp_bind}: {e}"))
         })?;
+        let port = tcp
+            .local_addr()
+            .map_err(|e| status::internal(e.to_string()))?
+            .port();
         let endpoint = ControlEndpoint {
             unix_name,
-            tcp: tcp
-                .local_addr()
-                .map_err(|e| status::internal(e.to_string()))?,
+            tcp: SocketAddr::new(advertise, port),
         };
         let server = ControlServer {
             endpoint,
@@ -564,9 +569,19 @@ impl ControlLink {
         on_closed: Option<LinkClosed>,
     ) -> Result<Arc<ControlLink>> {
         let unavailable = |e: io::Error| {
+            if same_host {
+                return status::unavailable(format!(
+                    "control link to process {peer} on this host (Unix socket {}): {e}",
+                    endpoint.unix_name
+                ));
+            }
+            let tcp = endpoint.tcp;
             status::unavailable(format!(
-                "control link to process {peer} ({}): {e}",
-                endpoint.encode()
+                "cannot reach process {peer} at {tcp}, the address it advertised, for its control link: \
+                 {e}; if this host cannot reach {}, give process {peer} the create option \
+                 advertise_address=<an address of its host that this host can reach> (from JAX: \
+                 PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)",
+                tcp.ip()
             ))
         };
         let mut stream: Box<dyn Stream> = if same_host {

@@ -18,13 +18,16 @@
 //! Shared-memory names carry their creator (`shm_owner`), so the objects of
 //! a process that died without unlinking them are removed (`shm_reaper`),
 //! and a sender can tell that the receiver it wrote to is gone.
+pub mod advertise;
 pub mod auth_token;
 pub mod claim;
 pub mod control;
 pub mod copy;
 pub mod destination;
 pub mod host_identity;
+pub mod poll;
 pub mod random;
+pub mod registry;
 pub mod shm;
 pub mod shm_mappings;
 pub mod shm_owner;
@@ -33,3 +36,4 @@ pub mod shm_reaper;
 #[cfg(test)]
 pub mod shm_test_object;
 pub mod tcp;
+pub mod ucx;

@@ -174,29 +174,34 @@ impl HeldSource {
         }
     }
 
+    /// The buffer's address, where its bytes are dense host memory.
+    fn direct_pointer(&self) -> Result<Option<usize>> {
+        if !self.direct {
+            return Ok(None);
+        }
+        let plugin = self.hold.client.plugin();
+        let mut args = PJRT_Buffer_UnsafePointer_Args {
+            struct_size: PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            buffer: self.hold.buffer.as_mut(),
+            buffer_pointer: 0,
+        };
+        crate::inner_call!(plugin.as_ref(), PJRT_Buffer_UnsafePointer, &mut args)?;
+        if args.buffer_pointer == 0 && self.len > 0 {
+            return Err(internal("the compute plugin gave a null buffer pointer"));
+        }
+        Ok(Some(args.buffer_pointer))
+    }
+
     fn read_all(&self, dst: &mut [u8]) -> Result<()> {
         let plugin = self.hold.client.plugin();
-        if self.direct {
-            let mut args = PJRT_Buffer_UnsafePointer_Args {
-                struct_size: PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE as usize,
-                extension_start: std::ptr::null_mut(),
-                buffer: self.hold.buffer.as_mut(),
-                buffer_pointer: 0,
-            };
-            crate::inner_call!(plugin.as_ref(), PJRT_Buffer_UnsafePointer, &mut args)?;
-            if args.buffer_pointer == 0 && !dst.is_empty() {
-                return Err(internal("the compute plugin gave a null buffer pointer"));
-            }
+        if let Some(pointer) = self.direct_pointer()? {
             if !dst.is_empty() {
                 // SAFETY: the buffer is defined (sends read after its ready
                 // event), held (its memory cannot be freed), host memory of
                 // `len` dense bytes (checked at `new`), and `dst` is ours.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        args.buffer_pointer as *const u8,
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
+                    std::ptr::copy_nonoverlapping(pointer as *const u8, dst.as_mut_ptr(), dst.len())
                 };
             }
             return Ok(());
@@ -277,6 +282,26 @@ impl DeviceMemory for HeldSource {
 
     fn reads_without_waiting(&self) -> bool {
         self.direct
+    }
+
+    fn host_pointer(&self) -> Result<Option<usize>> {
+        self.direct_pointer()
+    }
+
+    fn read_with(&self, f: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        match self.direct_pointer()? {
+            Some(_) if self.len == 0 => f(&[]),
+            // SAFETY: as in `read_all`: defined, held, `len` dense host bytes
+            // that nothing writes while the send reads them.
+            Some(pointer) => {
+                f(unsafe { std::slice::from_raw_parts(pointer as *const u8, self.len) })
+            }
+            None => {
+                let mut staging = vec![0u8; self.len];
+                self.read_all(&mut staging)?;
+                f(&staging)
+            }
+        }
     }
 
     fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {

@@ -33,6 +33,7 @@ fn all_kinds() -> Vec<Descriptor> {
             endpoint: "[::1]:80".parse().unwrap(),
         }),
         sample(AllocationHandle::CudaIpc { handle: [3; 64] }),
+        sample(AllocationHandle::Ucx { process: 7 }),
     ]
 }
 

@@ -21,13 +21,17 @@ use parking_lot::Mutex;
 
 use super::receive_budget::ReceiveBudget;
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
+use super::route::TransportChoice;
 use super::session::Session;
 use crate::backend::Allocation;
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
+use crate::sync::ByteRoute;
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
+use crate::transport::advertise::Advertised;
 use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
 use crate::transport::tcp::TcpReceiveServer;
+use crate::transport::ucx::UcxTransport;
 
 #[derive(Clone, Debug)]
 pub struct TransferConfig {
@@ -35,10 +39,11 @@ pub struct TransferConfig {
     pub receive_timeout: Duration,
     /// A send whose destination descriptor or copy takes longer fails.
     pub send_timeout: Duration,
-    /// Offer only TCP destinations, even to peers on this host.
-    pub force_tcp: bool,
-    /// Address the TCP receive server binds to (port chosen by the OS).
-    pub tcp_bind: IpAddr,
+    /// Which transport destinations are offered over (`transport`).
+    pub transport: TransportChoice,
+    /// Where the TCP receive server binds (port chosen by the OS), and the
+    /// address its descriptors name.
+    pub advertised: Advertised,
     /// Threads running lifecycle hops and copies.
     pub worker_threads: usize,
     /// Upper bound of the receiver's pool of pre-faulted shared-memory
@@ -69,8 +74,12 @@ impl Default for TransferConfig {
         TransferConfig {
             receive_timeout: Duration::from_secs(300),
             send_timeout: Duration::from_secs(300),
-            force_tcp: false,
-            tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            transport: TransportChoice::Auto,
+            advertised: Advertised {
+                bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                source: "loopback".into(),
+            },
             worker_threads: 4,
             shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
             max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
@@ -151,16 +160,22 @@ pub struct TransferService {
     next_v1_transfer: AtomicI64,
     pending: Mutex<HashMap<String, PendingEntry>>,
     tcp_server: OnceCell<TcpReceiveServer>,
+    /// The UCX data plane, when this client reaches peers over UCX.
+    ucx: Option<UcxTransport>,
     incarnations: Mutex<HashMap<i32, i64>>,
     pool: ShmPool,
     receive_budget: Arc<ReceiveBudget>,
 }
 
 impl TransferService {
+    /// The service of one client. `ucx` is its UCX transport when the
+    /// session found peers to reach over it (their addresses are in
+    /// `session.ucx`).
     pub fn new(
         store: Arc<dyn KeyValueStore>,
         session: Session,
         config: TransferConfig,
+        ucx: Option<UcxTransport>,
     ) -> Arc<Self> {
         // Shared memory of processes that died without unlinking it goes
         // before this client adds its own (once per process).
@@ -179,6 +194,15 @@ impl TransferService {
                 retire_keys: true,
             },
         );
+        if let Some(ucx) = &ucx {
+            let mut peers: HashMap<u32, Vec<u8>> = session
+                .ucx
+                .iter()
+                .map(|(process, address)| (*process as u32, address.clone()))
+                .collect();
+            peers.insert(session.process_index as u32, ucx.address().to_vec());
+            ucx.set_peers(peers);
+        }
         Arc::new(TransferService {
             store,
             tracker,
@@ -189,6 +213,7 @@ impl TransferService {
             next_v1_transfer: AtomicI64::new(0),
             pending: Mutex::new(HashMap::new()),
             tcp_server: OnceCell::new(),
+            ucx,
             incarnations: Mutex::new(HashMap::new()),
             pool: ShmPool::new(ShmPoolConfig {
                 segment_len: SHM_SEGMENT_BYTES,
@@ -219,8 +244,42 @@ impl TransferService {
     }
 
     fn tcp_server(&self) -> Result<&TcpReceiveServer> {
-        self.tcp_server
-            .get_or_try_init(|| TcpReceiveServer::bind(SocketAddr::new(self.config.tcp_bind, 0)))
+        self.tcp_server.get_or_try_init(|| {
+            TcpReceiveServer::bind(SocketAddr::new(self.config.advertised.bind, 0))
+        })
+    }
+
+    /// Where senders reach the TCP receive server: the advertised address
+    /// (the server may listen on a wildcard) and its port.
+    fn tcp_endpoint(&self, server: &TcpReceiveServer) -> SocketAddr {
+        SocketAddr::new(self.config.advertised.address, server.local_addr().port())
+    }
+
+    /// The UCX transport, or why a UCX destination cannot be used here.
+    fn ucx(&self, function: &str) -> Result<&UcxTransport> {
+        self.ucx.as_ref().ok_or_else(|| {
+            status::failed_precondition(format!(
+                "{function}: this client has no UCX transport (transport={} and no peer on \
+                 another host with UCX; see the log for why UCX was not started)",
+                self.config.transport.name()
+            ))
+        })
+    }
+
+    /// The metrics JSON, with the lanes UCX chose to each peer.
+    pub fn metrics_json(&self) -> String {
+        let mut labels = Vec::new();
+        if let Some(ucx) = &self.ucx {
+            let mut lanes: Vec<(u32, String)> = ucx.lanes().into_iter().collect();
+            lanes.sort();
+            let text: Vec<String> = lanes
+                .into_iter()
+                .map(|(peer, lanes)| format!("{peer}={lanes}"))
+                .collect();
+            labels.push((ByteRoute::Ucx, "lanes", text.join(";")));
+            labels.push((ByteRoute::Ucx, "version", ucx.version().to_string()));
+        }
+        self.metrics.snapshot().to_json(&labels)
     }
 
     fn remote_process(

@@ -7,19 +7,20 @@ use std::sync::Arc;
 use super::{PendingEntry, ReceiveDestination, ReceiveRequest, TransferService};
 use crate::backend::DevicePlacement;
 use crate::status::{self, Outcome, Result, Status};
-use crate::sync::kill_points;
+use crate::sync::{kill_points, ByteRoute};
 use crate::transfer::cuda_path;
-use crate::transfer::descriptor::Descriptor;
+use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::host_destination::{Destination, HostDestination, HostRoute};
 use crate::transfer::keys::{descriptor_key, pair_epoch, CompletionKey};
 use crate::transfer::recv_state::{PendingReceive, RecordEvent};
+use crate::transfer::route::Route;
 use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
 impl TransferService {
     /// v1: the caller routes descriptors itself; the sender is unknown, so
-    /// shared memory is offered (same host) unless TCP is forced.
+    /// shared memory is offered (same host) unless TCP or UCX is forced.
     pub fn receive_v1(
         self: &Arc<Self>,
         requests: Vec<ReceiveRequest>,
@@ -32,8 +33,8 @@ impl TransferService {
         let mut opened = Vec::with_capacity(requests.len());
         for (index, request) in requests.into_iter().enumerate() {
             let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
-            let destination =
-                self.open_destination(request, key, None, None, self.config.force_tcp, placement);
+            let route = Route::unknown_peer(self.config.transport);
+            let destination = self.open_destination(request, key, None, None, route, placement);
             opened.push(destination);
         }
         self.all_or_none(opened)
@@ -71,17 +72,22 @@ impl TransferService {
             let key = CompletionKey::new(&epoch, transfer_key, *index)?;
             let desc_key = descriptor_key(&epoch, transfer_key, *index)?;
             *index += 1;
-            let use_tcp = self.config.force_tcp || peer.host != local_host;
-            plan.push((key, desc_key, peer.process_index, use_tcp));
+            let route = Route::to_peer(
+                self.config.transport,
+                peer.host == local_host,
+                self.ucx.is_some(),
+                self.session.ucx.contains_key(&peer.process_index),
+            );
+            plan.push((key, desc_key, peer.process_index, route));
         }
         let mut opened = Vec::with_capacity(plan.len());
-        for (request, (key, desc_key, peer_process, use_tcp)) in requests.into_iter().zip(plan) {
+        for (request, (key, desc_key, peer_process, route)) in requests.into_iter().zip(plan) {
             opened.push(self.open_destination(
                 request,
                 key,
                 Some(desc_key),
                 Some(peer_process),
-                use_tcp,
+                route,
                 placement,
             ));
         }
@@ -119,9 +125,10 @@ impl TransferService {
         key: CompletionKey,
         descriptor_key: Option<String>,
         peer_process: Option<i32>,
-        use_tcp: bool,
+        route: Route,
         placement: &DevicePlacement,
     ) -> Result<(ReceiveDestination, PendingReceive)> {
+        const F: &str = "receive";
         let ReceiveRequest { spec, record } = request;
         crate::timeline!(
             "receive {key}: opening a {}-byte destination",
@@ -134,17 +141,32 @@ impl TransferService {
             let reservation = self
                 .receive_budget
                 .reserve(spec.byte_size as u64, &format!("receive {key}"))?;
-            let route = if use_tcp {
-                HostRoute::Tcp(self.tcp_server()?, token)
-            } else {
-                HostRoute::SharedMemory
+            let host_route = match route {
+                Route::SharedMemory => HostRoute::SharedMemory,
+                Route::Tcp => {
+                    let server = self.tcp_server()?;
+                    HostRoute::Network {
+                        registry: server.registry(),
+                        token,
+                        allocation: AllocationHandle::Tcp {
+                            endpoint: self.tcp_endpoint(server),
+                        },
+                    }
+                }
+                Route::Ucx => HostRoute::Network {
+                    registry: self.ucx(F)?.registry(),
+                    token,
+                    allocation: AllocationHandle::Ucx {
+                        process: self.session.process_index as u32,
+                    },
+                },
             };
             Destination::Host(HostDestination::open(
                 &self.pool,
                 spec.byte_size,
                 placement.counters.clone(),
                 nonce,
-                route,
+                host_route,
                 reservation,
             )?)
         } else {
@@ -153,9 +175,13 @@ impl TransferService {
             Destination::Cuda(cuda_path::open_destination(
                 placement,
                 spec.byte_size,
-                use_tcp,
+                route != Route::SharedMemory,
                 "receive",
             )?)
+        };
+        let byte_route = match (&destination, route) {
+            (Destination::Cuda(_), Route::SharedMemory) => ByteRoute::CudaIpc,
+            _ => route.byte_route(),
         };
         let (allocation, offset) = destination.location();
         crate::timeline!("receive {key}: destination ready");
@@ -201,10 +227,10 @@ impl TransferService {
                 service.pending.lock().remove(&key_name);
                 if outcome.is_ok() {
                     service.metrics.add_bytes_received(byte_size);
+                    service.metrics.received_over(byte_route, byte_size);
                 }
             }
-            let server = service.as_ref().and_then(|s| s.tcp_server.get());
-            destination.retire(outcome, server);
+            destination.retire(outcome);
         });
         // Published last, and without waiting: a store that fails to take
         // it fails this buffer (and retires its keys).

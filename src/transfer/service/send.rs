@@ -1,6 +1,6 @@
 //! The send side: a buffer goes to the destination its descriptor names
-//! (shared memory, TCP, CUDA IPC), and only once its bytes are there does
-//! the sender set the buffer's completion key (the receipt).
+//! (shared memory, TCP, UCX, CUDA IPC), and only once its bytes are there
+//! does the sender set the buffer's completion key (the receipt).
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 
 use super::{CopyError, SendSource, TransferService, INLINE_COPY_BYTES};
 use crate::status::{self, Code, Outcome, Result, Status};
-use crate::sync::{kill_points, Future, PromiseOnce};
+use crate::sync::{kill_points, ByteRoute, Future, PromiseOnce};
 use crate::transfer::cuda_path;
 use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::host_destination::local_region;
@@ -18,6 +18,7 @@ use crate::transport::claim::ClaimRange;
 use crate::transport::shm_mappings::{forget_segments_of, mapped_segment, receiver_gone};
 use crate::transport::shm_owner::OwnerWatch;
 use crate::transport::tcp::tcp_send;
+use crate::transport::ucx::Payload;
 
 impl TransferService {
     /// Sends one buffer to the destination a descriptor names. Errors before
@@ -62,6 +63,16 @@ impl TransferService {
         }
         let service = self.clone();
         let ready = source.ready.clone();
+        if let AllocationHandle::Ucx { process } = descriptor.allocation {
+            ready.on_ready(move |defined| match defined {
+                Ok(()) => service.send_over_ucx(source, descriptor, process, promise, function),
+                Err(status) => {
+                    let failed = Err(CopyError::Failed(status.clone()));
+                    service.finish_send(&source, &descriptor, failed, promise, function)
+                }
+            });
+            return;
+        }
         // Small copies into shared memory from memory we read without
         // waiting run where the source became ready: a hop to the copy pool
         // costs more than the copy (measured: ~0.2-0.4 ms on 2 cores).
@@ -78,47 +89,7 @@ impl TransferService {
                     Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
                     Err(status) => Err(CopyError::Failed(status)),
                 };
-                match copied {
-                    Ok(receiver) => {
-                        service.metrics.add_bytes_sent(source.spec.byte_size as u64);
-                        // Bytes first, receipt second: the receiver may read
-                        // the destination as soon as it observes the key.
-                        let receipt = Receipt::Ok {
-                            nonce: descriptor.nonce,
-                        };
-                        let name = match (&receiver, &descriptor.allocation) {
-                            (Some(_), AllocationHandle::SharedMemory { name }) => name.clone(),
-                            _ => String::new(),
-                        };
-                        service.publish_receipt(&descriptor, receipt, move |outcome| {
-                            // A store nobody reads any more (the framework's,
-                            // after the receiver died) takes the receipt too:
-                            // OK only if the receiver outlived it.
-                            let outcome = match &receiver {
-                                Some(receiver) if outcome.is_ok() && receiver.is_gone() => {
-                                    forget_segments_of(receiver);
-                                    Err(receiver_gone(&function, &name, receiver))
-                                }
-                                _ => outcome,
-                            };
-                            promise.set(outcome);
-                        });
-                    }
-                    Err(CopyError::Failed(status)) => {
-                        let receipt = Receipt::Error {
-                            nonce: descriptor.nonce,
-                            status: status.clone(),
-                        };
-                        service.publish_receipt(&descriptor, receipt, move |_| {
-                            promise.set(Err(status));
-                        });
-                    }
-                    // Not this sender's destination (another sender took it,
-                    // or the receive is over): its key is not ours to write.
-                    Err(CopyError::Refused(status)) => {
-                        promise.set(Err(status));
-                    }
-                }
+                service.finish_send(&source, &descriptor, copied, promise, function);
             };
             if inline {
                 copy();
@@ -126,6 +97,145 @@ impl TransferService {
                 copies.submit(copy);
             }
         });
+    }
+
+    /// After the bytes went (or did not): the receipt, and the send's
+    /// outcome once the store has it. `copied` is the watch of a receiving
+    /// process whose shared memory was written, if any.
+    fn finish_send(
+        &self,
+        source: &SendSource,
+        descriptor: &Descriptor,
+        copied: std::result::Result<Option<Arc<OwnerWatch>>, CopyError>,
+        promise: PromiseOnce,
+        function: String,
+    ) {
+        match copied {
+            Ok(receiver) => {
+                let bytes = source.spec.byte_size as u64;
+                self.metrics.add_bytes_sent(bytes);
+                self.metrics
+                    .sent_over(byte_route_of(&descriptor.allocation), bytes);
+                // Bytes first, receipt second: the receiver may read the
+                // destination as soon as it observes the key.
+                let receipt = Receipt::Ok {
+                    nonce: descriptor.nonce,
+                };
+                let name = match (&receiver, &descriptor.allocation) {
+                    (Some(_), AllocationHandle::SharedMemory { name }) => name.clone(),
+                    _ => String::new(),
+                };
+                self.publish_receipt(descriptor, receipt, move |outcome| {
+                    // A store nobody reads any more (the framework's, after
+                    // the receiver died) takes the receipt too: OK only if
+                    // the receiver outlived it.
+                    let outcome = match &receiver {
+                        Some(receiver) if outcome.is_ok() && receiver.is_gone() => {
+                            forget_segments_of(receiver);
+                            Err(receiver_gone(&function, &name, receiver))
+                        }
+                        _ => outcome,
+                    };
+                    promise.set(outcome);
+                });
+            }
+            Err(CopyError::Failed(status)) => {
+                let receipt = Receipt::Error {
+                    nonce: descriptor.nonce,
+                    status: status.clone(),
+                };
+                self.publish_receipt(descriptor, receipt, move |_| {
+                    promise.set(Err(status));
+                });
+            }
+            // Not this sender's destination (another sender took it, or the
+            // receive is over): its key is not ours to write.
+            Err(CopyError::Refused(status)) => {
+                promise.set(Err(status));
+            }
+        }
+    }
+
+    /// Sends the source over UCX to the destination process `process`
+    /// offered; the receipt follows the receiver's acknowledgement.
+    fn send_over_ucx(
+        self: &Arc<Self>,
+        source: SendSource,
+        descriptor: Descriptor,
+        process: u32,
+        promise: PromiseOnce,
+        function: String,
+    ) {
+        let prepared = self
+            .check_ucx_destination(&descriptor, process, &function)
+            .and_then(|()| Payload::of_allocation(&source.memory, source.spec.byte_size));
+        let payload = match prepared {
+            Ok(payload) => payload,
+            Err(status) => {
+                let failed = Err(CopyError::Failed(status));
+                return self.finish_send(&source, &descriptor, failed, promise, function);
+            }
+        };
+        let ucx = match self.ucx(&function) {
+            Ok(ucx) => ucx,
+            Err(status) => {
+                let failed = Err(CopyError::Failed(status));
+                return self.finish_send(&source, &descriptor, failed, promise, function);
+            }
+        };
+        crate::timeline!("send to {}: UCX send starts", descriptor.completion_key);
+        kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
+        let service = self.clone();
+        let token = descriptor.auth_token;
+        let offset = descriptor.offset;
+        ucx.send(
+            process,
+            token,
+            offset,
+            payload,
+            self.config.send_timeout,
+            Box::new(move |outcome| {
+                let copied = match outcome {
+                    Ok(()) => Ok(None),
+                    // The receiver refused the token: another sender took
+                    // the destination, or the receive is over.
+                    Err(e) if e.code == Code::Unauthenticated => Err(CopyError::Refused(e)),
+                    Err(e) => Err(CopyError::Failed(Status::new(
+                        e.code,
+                        format!("{function}: {}", e.message),
+                    ))),
+                };
+                service.finish_send(&source, &descriptor, copied, promise, function);
+            }),
+        );
+    }
+
+    /// A UCX descriptor must name the process that wrote it: the session's
+    /// process `process` must be the descriptor's host and pid.
+    fn check_ucx_destination(
+        &self,
+        descriptor: &Descriptor,
+        process: u32,
+        function: &str,
+    ) -> Result<()> {
+        let entry = self
+            .session
+            .processes
+            .iter()
+            .find(|p| p.process_index as u32 == process)
+            .ok_or_else(|| {
+                status::invalid_argument(format!(
+                    "{function}: the descriptor offers a UCX destination of process {process}, which is not in this job"
+                ))
+            })?;
+        if entry.pid != descriptor.process_id || entry.host != descriptor.host {
+            return Err(status::invalid_argument(format!(
+                "{function}: the descriptor says it is process {process}'s (pid {} on {}), but this job's process \
+                 {process} is pid {} on {}",
+                descriptor.process_id, descriptor.host.hostname, entry.pid, entry.host.hostname
+            )));
+        }
+        Ok(())
     }
 
     /// Sets the completion key; `done` gets the outcome once the store has
@@ -246,6 +356,10 @@ impl TransferService {
                     Code::Unauthenticated => CopyError::Refused(e),
                     _ => CopyError::Failed(e),
                 }),
+            // Sent by `send_over_ucx`, never copied here.
+            AllocationHandle::Ucx { .. } => Err(CopyError::Failed(status::internal(format!(
+                "{function}: a UCX destination reached the copy path"
+            )))),
             // CUDA hook (issue #5): same-node GPU destinations.
             AllocationHandle::CudaIpc { .. } => {
                 cuda_path::copy_to_destination(&source.memory, descriptor, function)?;
@@ -355,5 +469,17 @@ impl TransferService {
             }
         });
         future
+    }
+}
+
+/// The transport a descriptor's destination is reached by.
+fn byte_route_of(allocation: &AllocationHandle) -> ByteRoute {
+    match allocation {
+        AllocationHandle::SharedMemory { .. } | AllocationHandle::InProcess { .. } => {
+            ByteRoute::SharedMemory
+        }
+        AllocationHandle::Tcp { .. } => ByteRoute::Tcp,
+        AllocationHandle::Ucx { .. } => ByteRoute::Ucx,
+        AllocationHandle::CudaIpc { .. } => ByteRoute::CudaIpc,
     }
 }

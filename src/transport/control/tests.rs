@@ -43,6 +43,7 @@ fn server(
     let handler: Arc<dyn ControlHandler> = recorder.clone();
     let server = ControlServer::start(
         IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
         secret,
         Arc::downgrade(&handler),
         config,

@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::receive_server::{Registry, TcpServerConfig};
-use super::socket::{poll, set_large_buffers};
+use super::receive_server::TcpServerConfig;
+use super::socket::set_large_buffers;
 use super::wire::{encode_response, RequestHeader, REQUEST_HEADER_LEN};
 use crate::status::{self, Status};
 use crate::transport::destination::WritableDestination;
+use crate::transport::poll::poll;
+use crate::transport::registry::DestinationRegistry;
 
 /// How long accepting pauses after an accept error such as running out of
 /// descriptors, instead of spinning on a listener that stays readable.
@@ -91,7 +93,7 @@ pub(super) struct Admission {
     /// Readable (end of file) once the server starts shutting down.
     wake: UnixStream,
     stopping: Arc<AtomicBool>,
-    registry: Arc<Registry>,
+    registry: Arc<DestinationRegistry>,
     config: TcpServerConfig,
     admitted: Sender<Admitted>,
     /// Oldest first; all deadlines are accept time plus the same duration,
@@ -107,7 +109,7 @@ impl Admission {
         listener: TcpListener,
         wake: UnixStream,
         stopping: Arc<AtomicBool>,
-        registry: Arc<Registry>,
+        registry: Arc<DestinationRegistry>,
         config: TcpServerConfig,
         admitted: Sender<Admitted>,
     ) -> Admission {

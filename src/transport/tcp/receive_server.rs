@@ -22,8 +22,7 @@ use super::admission::{Admission, Admitted};
 use super::socket::{is_timeout, recv_exact_into};
 use super::wire::encode_response;
 use crate::status::{self, Result};
-use crate::transport::auth_token::AuthToken;
-use crate::transport::destination::WritableDestination;
+use crate::transport::registry::DestinationRegistry;
 
 #[derive(Clone, Debug)]
 pub struct TcpServerConfig {
@@ -64,30 +63,6 @@ impl Default for TcpServerConfig {
     }
 }
 
-/// The destinations senders may write, by token. A token is single-use: the
-/// first accepted transfer claims (removes) it, so a second or replayed
-/// sender is refused instead of writing a destination that may already be
-/// published. Memory stays valid while a write is in flight because handlers
-/// hold their own `Arc` clone.
-#[derive(Default)]
-pub(super) struct Registry {
-    destinations: Mutex<HashMap<AuthToken, Arc<dyn WritableDestination>>>,
-}
-
-impl Registry {
-    pub(super) fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
-        // `AuthToken`'s equality is the constant-time compare, and the map's
-        // hasher is randomly keyed, so lookup timing reveals nothing useful
-        // about registered tokens.
-        self.destinations.lock().remove(token)
-    }
-
-    /// Puts back a destination claimed by a request that wrote nothing.
-    pub(super) fn restore(&self, token: AuthToken, destination: Arc<dyn WritableDestination>) {
-        self.destinations.lock().insert(token, destination);
-    }
-}
-
 /// Streams currently being served, so that shutdown can cut them off
 /// instead of waiting for their timeouts.
 #[derive(Default)]
@@ -98,7 +73,7 @@ struct ActiveConnections {
 
 pub struct TcpReceiveServer {
     local_addr: SocketAddr,
-    registry: Arc<Registry>,
+    registry: Arc<DestinationRegistry>,
     active: Arc<ActiveConnections>,
     stopping: Arc<AtomicBool>,
     /// Dropping it wakes the front door to shut down.
@@ -146,7 +121,7 @@ impl TcpReceiveServer {
                 "cannot create the TCP transfer server's wake-up socket: {error}"
             ))
         })?;
-        let registry = Arc::new(Registry::default());
+        let registry = DestinationRegistry::new();
         let active = Arc::new(ActiveConnections::default());
         let stopping = Arc::new(AtomicBool::new(false));
         let (admitted, queued) = crossbeam_channel::unbounded::<Admitted>();
@@ -194,32 +169,9 @@ impl TcpReceiveServer {
         self.local_addr
     }
 
-    /// Lets senders presenting `token` write into `destination`.
-    /// `ALREADY_EXISTS` if the token is registered already.
-    pub fn register(
-        &self,
-        token: AuthToken,
-        destination: Arc<dyn WritableDestination>,
-    ) -> Result<()> {
-        let mut destinations = self.registry.destinations.lock();
-        if destinations.contains_key(&token) {
-            return Err(status::already_exists(
-                "a destination is already registered under this auth token",
-            ));
-        }
-        destinations.insert(token, destination);
-        Ok(())
-    }
-
-    /// Stops accepting writes for `token` and returns its destination;
-    /// `None` when a sender already claimed it (a write may be in progress
-    /// and finishes into the still valid memory) or it was never registered.
-    pub fn unregister(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
-        self.registry.destinations.lock().remove(token)
-    }
-
-    pub fn registered_count(&self) -> usize {
-        self.registry.destinations.lock().len()
+    /// The destinations senders may write through this server.
+    pub fn registry(&self) -> &Arc<DestinationRegistry> {
+        &self.registry
     }
 }
 

@@ -166,7 +166,16 @@ fn connection_status(
     if is_timeout(error) {
         return deadline.exceeded();
     }
-    let message = format!("cannot {what} TCP receiver at {endpoint}: {error}");
+    let message = if what == "connect" {
+        format!(
+            "cannot connect to the TCP receiver at {endpoint}, the address the receiving process \
+             advertised: {error}; if this host cannot reach {}, give that process the create option \
+             advertise_address=<an address of its host that this host can reach>",
+            endpoint.ip()
+        )
+    } else {
+        format!("cannot {what} TCP receiver at {endpoint}: {error}")
+    };
     match error.kind() {
         io::ErrorKind::UnexpectedEof => status::unavailable(format!(
             "TCP receiver at {endpoint} closed the connection without acknowledging the transfer"

@@ -57,7 +57,10 @@ fn guarded_server(
 fn registered(server: &TcpReceiveServer, len: usize) -> (AuthToken, Arc<HeapDestination>) {
     let token = AuthToken::generate().unwrap();
     let destination = Arc::new(HeapDestination::new(len));
-    server.register(token, destination.clone()).unwrap();
+    server
+        .registry()
+        .register(token, destination.clone())
+        .unwrap();
     (token, destination)
 }
 
@@ -105,8 +108,8 @@ fn unknown_or_retired_tokens_are_refused_and_nothing_is_written() {
     .unwrap_err();
     assert_eq!(error.code, Code::Unauthenticated);
 
-    assert!(server.unregister(&token).is_some());
-    assert_eq!(server.registered_count(), 0);
+    assert!(server.registry().unregister(&token).is_some());
+    assert_eq!(server.registry().len(), 0);
     let error = tcp_send(server.local_addr(), &token, 0, &[1; 16], TIMEOUT).unwrap_err();
     assert_eq!(error.code, Code::Unauthenticated);
     assert_eq!(destination.to_vec(), vec![0; 16]);
@@ -117,6 +120,7 @@ fn duplicate_registration_is_rejected() {
     let server = TcpReceiveServer::bind(loopback()).unwrap();
     let (token, _destination) = registered(&server, 4);
     let error = server
+        .registry()
         .register(token, Arc::new(HeapDestination::new(4)))
         .unwrap_err();
     assert_eq!(error.code, Code::AlreadyExists);
@@ -317,7 +321,7 @@ fn transfers_into_shared_memory_destinations() {
     let server = TcpReceiveServer::bind(loopback()).unwrap();
     let region = Arc::new(SharedRegion::create(4096).unwrap());
     let token = AuthToken::generate().unwrap();
-    server.register(token, region.clone()).unwrap();
+    server.registry().register(token, region.clone()).unwrap();
     tcp_send(server.local_addr(), &token, 100, b"via tcp", TIMEOUT).unwrap();
     let mut seen = [0u8; 7];
     region.read_at(100, &mut seen).unwrap();

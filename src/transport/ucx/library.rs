@@ -1,0 +1,169 @@
+//! Finding and loading libucp at run time, once per process, so the plugin
+//! builds and loads where UCX is not installed.
+//!
+//! Where it looks, in order: an explicit path (create option `ucx_library`,
+//! else `$PJRT_CROSSHOST_UCX_LIBRARY`); the `libucx` Python wheel's copy
+//! (`pip install libucx-cu12`, which also carries UCX's CUDA transports;
+//! `jax_plugins.crosshost` names its directory in
+//! `$PJRT_CROSSHOST_UCX_WHEEL_LIB`); the system's `libucp.so.0` (Debian
+//! `libucx0`). An explicit path that does not load is an error, not a reason
+//! to take another UCX.
+//!
+//! UCX reads part of its configuration from the environment when its
+//! libraries load (their constructors), before any API call could change
+//! it. The host process (JAX) owns signals and the allocator, so before the
+//! first load we make UCX leave them alone, unless the user set these
+//! variables: `UCX_ERROR_SIGNALS=` (no SIGSEGV/SIGBUS handlers),
+//! `UCX_MEM_MALLOC_HOOKS=no` and `UCX_MEM_EVENTS=no` (no malloc or mmap
+//! interception; UCX then registers memory per transfer instead of caching
+//! registrations, which costs nothing on TCP). `jax_plugins.crosshost` sets
+//! the same when it is imported, before JAX starts its threads: `setenv` is
+//! not safe while other threads read the environment, so the library only
+//! sets what is still missing.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libloading::os::unix::{Library as UnixLibrary, RTLD_LOCAL, RTLD_NOW};
+use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
+
+use super::sys::UcpApi;
+use crate::status::{failed_precondition, Result};
+
+/// Environment variable naming libucp explicitly.
+pub const UCX_LIBRARY_ENV: &str = "PJRT_CROSSHOST_UCX_LIBRARY";
+/// The `libucx` wheel's library directory (set by `jax_plugins.crosshost`).
+pub const UCX_WHEEL_ENV: &str = "PJRT_CROSSHOST_UCX_WHEEL_LIB";
+/// The system library's soname.
+pub const SYSTEM_LIBUCP: &str = "libucp.so.0";
+
+/// UCX settings applied before its libraries load, unless already set.
+pub const UCX_ENVIRONMENT: &[(&str, &str)] = &[
+    ("UCX_ERROR_SIGNALS", ""),
+    ("UCX_MEM_MALLOC_HOOKS", "no"),
+    ("UCX_MEM_EVENTS", "no"),
+    ("UCX_WARN_UNUSED_ENV_VARS", "n"),
+];
+
+/// The loaded library (with where it came from), or why none loaded.
+#[derive(Clone)]
+pub struct LoadedUcx {
+    pub api: Arc<UcpApi>,
+    pub path: String,
+    pub version: String,
+}
+
+static LOADED: OnceCell<std::result::Result<LoadedUcx, String>> = OnceCell::new();
+/// The explicit path the first load used, so a later client asking for
+/// another one hears that UCX is already loaded.
+static EXPLICIT: Mutex<Option<String>> = Mutex::new(None);
+
+/// libucp, loaded on first use (`explicit`: the `ucx_library` option).
+/// FAILED_PRECONDITION naming every place it looked when there is none.
+pub fn load(explicit: Option<&str>) -> Result<LoadedUcx> {
+    let loaded = LOADED.get_or_init(|| {
+        let explicit = explicit.map(str::to_string).or_else(|| {
+            std::env::var(UCX_LIBRARY_ENV)
+                .ok()
+                .filter(|p| !p.is_empty())
+        });
+        *EXPLICIT.lock() = explicit.clone();
+        load_first(explicit.as_deref())
+    });
+    let loaded = loaded.clone().map_err(failed_precondition)?;
+    if let Some(wanted) = explicit {
+        if EXPLICIT.lock().as_deref() != Some(wanted) && loaded.path != wanted {
+            log::warn!(
+                "ucx_library={wanted}: UCX is already loaded in this process from {}",
+                loaded.path
+            );
+        }
+    }
+    Ok(loaded)
+}
+
+fn load_first(explicit: Option<&str>) -> std::result::Result<LoadedUcx, String> {
+    prepare_environment();
+    let mut tried = Vec::new();
+    if let Some(path) = explicit {
+        return open(Path::new(path)).map_err(|e| {
+            format!("UCX: the libucp named by ucx_library / ${UCX_LIBRARY_ENV} ({path}) does not load: {e}")
+        });
+    }
+    tried.push(format!("ucx_library and ${UCX_LIBRARY_ENV}: not set"));
+    match std::env::var(UCX_WHEEL_ENV).ok().filter(|p| !p.is_empty()) {
+        Some(dir) => {
+            let path = PathBuf::from(&dir).join("libucp.so");
+            match open(&path) {
+                Ok(loaded) => return Ok(loaded),
+                Err(e) => tried.push(format!("the libucx wheel ({}): {e}", path.display())),
+            }
+        }
+        None => tried.push(format!(
+            "the libucx wheel: ${UCX_WHEEL_ENV} not set (jax_plugins.crosshost sets it when `pip install libucx-cu12` is present)"
+        )),
+    }
+    match open(Path::new(SYSTEM_LIBUCP)) {
+        Ok(loaded) => return Ok(loaded),
+        Err(e) => tried.push(format!(
+            "the system's {SYSTEM_LIBUCP} (Debian/Ubuntu package libucx0): {e}"
+        )),
+    }
+    Err(format!(
+        "UCX (libucp) is not available; looked at: {}",
+        tried.join("; ")
+    ))
+}
+
+fn prepare_environment() {
+    for (name, value) in UCX_ENVIRONMENT {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
+}
+
+/// Loads libucp at `path` (a bare soname goes through the loader's search
+/// path). A wheel's libraries find each other only when loaded in
+/// dependency order, so the siblings of a libucp given by path load first.
+fn open(path: &Path) -> std::result::Result<LoadedUcx, String> {
+    let mut keep = Vec::new();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        for sibling in ["libucm.so", "libucs.so", "libucs_signal.so", "libuct.so"] {
+            let candidate = dir.join(sibling);
+            if candidate.is_file() {
+                // SAFETY: UCX's own libraries, loaded for their symbols only;
+                // their constructors run with the environment prepared above.
+                match unsafe { UnixLibrary::open(Some(&candidate), RTLD_NOW | RTLD_LOCAL) } {
+                    Ok(library) => keep.push(library),
+                    Err(e) => return Err(format!("{}: {e}", candidate.display())),
+                }
+            }
+        }
+    }
+    // SAFETY: loading libucp runs UCX's constructors, which read the
+    // environment prepared above and touch nothing of ours.
+    let library = unsafe { UnixLibrary::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the library is libucp by name; `resolve` checks that each
+    // symbol exists, and their signatures are UCP's stable C API.
+    let api = unsafe { UcpApi::resolve(library.into()) }?;
+    // UCX is never unloaded: its threads and handlers outlive any client.
+    std::mem::forget(keep);
+    let (mut major, mut minor, mut release) = (0, 0, 0);
+    // SAFETY: three valid out-pointers.
+    unsafe { (api.get_version)(&mut major, &mut minor, &mut release) };
+    if (major, minor) < (1, 13) {
+        return Err(format!(
+            "{} is UCX {major}.{minor}.{release}; pjrt-crosshost needs UCX 1.13 or later",
+            path.display()
+        ));
+    }
+    let version = format!("{major}.{minor}.{release}");
+    log::info!("UCX {version} loaded from {}", path.display());
+    Ok(LoadedUcx {
+        api: Arc::new(api),
+        path: path.display().to_string(),
+        version,
+    })
+}
