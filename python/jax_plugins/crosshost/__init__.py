@@ -11,9 +11,14 @@ Environment (all optional, read when JAX initializes its backends):
     as ``key=value`` pairs separated by ``,`` or ``;``
     (``num_devices=4,receive_timeout_ms=60000``); values that read as
     integers are passed as int64, ``true``/``false`` as bools, the rest as
-    strings. The plugin's options: num_devices, session, kv_store, transport,
-    tcp_bind, receive_timeout_ms, send_timeout_ms, session_timeout_ms,
+    strings. The plugin's options: num_devices, session, kv_store,
+    transport (auto, tcp, ucx), advertise_address, tcp_bind, ucx_library,
+    receive_timeout_ms, send_timeout_ms, session_timeout_ms,
     kv_call_timeout_ms, etcd_lease_ttl_s, max_receive_bytes, shm_pool_bytes.
+    In a ``jax.distributed`` job the package adds ``coordinator_address``
+    (JAX's coordinator): each process advertises the local address of its
+    route to it, so processes on other hosts reach each other with no
+    options.
     ``kv_store=etcd://host:port[,host:port...]`` keeps every key of the job
     in etcd instead of JAX's coordination service (README, "etcd").
     In a ``jax.distributed`` job JAX adds node_id and num_nodes itself.
@@ -300,14 +305,69 @@ def initialize(
         _register_kv_delete(path)
         from jax._src import xla_bridge
 
+        fixed = dict(options)
+
+        def create_options() -> dict[str, Any]:
+            # Called by JAX when it creates the client, after
+            # jax.distributed.initialize: the coordinator's address is known.
+            return _with_job_hints(fixed)
+
         xla_bridge.register_plugin(
             PLATFORM,
             priority=priority,
             library_path=str(path),
-            # None keeps JAX's own option handling untouched.
-            options=dict(options) if options else None,
+            options=create_options,
         )
         _registered_library = str(path)
+
+
+def _with_job_hints(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` plus what the plugin cannot learn itself: the address of
+    JAX's coordination service, whose route tells each process which of its
+    addresses the others can reach (``coordinator_address``)."""
+    options = dict(options)
+    if "coordinator_address" not in options:
+        try:
+            from jax._src import distributed
+
+            address = distributed.global_state.coordinator_address
+        except Exception:  # noqa: BLE001 - a JAX without it: no hint
+            address = None
+        if address:
+            options["coordinator_address"] = str(address)
+    return options
+
+
+def _prepare_ucx() -> None:
+    """Keeps UCX off the signals and the allocator of the process (JAX owns
+    them) and points the plugin at the ``libucx`` wheel's UCX when it is
+    installed (``pip install libucx-cu12``). Done at import, before JAX
+    starts its threads: the environment must not change under them."""
+    for name, value in _UCX_ENVIRONMENT:
+        os.environ.setdefault(name, value)
+    if UCX_WHEEL_ENV in os.environ:
+        return
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("libucx")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        lib = Path(spec.origin).resolve().parent / "lib"
+        if (lib / "libucp.so").is_file():
+            os.environ[UCX_WHEEL_ENV] = str(lib)
+
+
+# The same as the library's UCX_ENVIRONMENT (src/transport/ucx/library.rs).
+_UCX_ENVIRONMENT = (
+    ("UCX_ERROR_SIGNALS", ""),
+    ("UCX_MEM_MALLOC_HOOKS", "no"),
+    ("UCX_MEM_EVENTS", "no"),
+    ("UCX_WARN_UNUSED_ENV_VARS", "n"),
+)
+UCX_WHEEL_ENV = "PJRT_CROSSHOST_UCX_WHEEL_LIB"
+_prepare_ucx()
 
 
 def configured_compute_plugin() -> str | None:

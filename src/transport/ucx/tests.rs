@@ -75,6 +75,16 @@ fn bytes_land_at_their_offset_eager_and_rendezvous_and_the_token_is_single_use()
     }
     assert!(b.registry().is_empty());
     assert!(!a.lanes().is_empty(), "the lanes UCX chose are recorded");
+    assert!(
+        !b.lanes().is_empty(),
+        "the receiver records its lanes back too"
+    );
+    // Every send's bytes go back once UCX is done with them.
+    let deadline = std::time::Instant::now() + WAIT;
+    while a.sends_held() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(a.sends_held(), 0);
 }
 
 #[test]

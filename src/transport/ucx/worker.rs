@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -238,6 +238,7 @@ pub struct UcxTransport {
     registry: Arc<DestinationRegistry>,
     lanes: Lanes,
     rejected: Arc<AtomicU64>,
+    held: Arc<AtomicUsize>,
     version: String,
 }
 
@@ -266,6 +267,8 @@ impl UcxTransport {
         let wake_fd = wake.as_raw_fd();
         let registry = DestinationRegistry::new();
         let lanes: Lanes = Arc::default();
+        let held: Arc<AtomicUsize> = Arc::default();
+        let thread_held = held.clone();
         let (ready, started) = crossbeam_channel::bounded(1);
         let api = ucx.api.clone();
         let thread_registry = registry.clone();
@@ -273,13 +276,14 @@ impl UcxTransport {
         let thread = std::thread::Builder::new()
             .name("crosshost-ucx".into())
             .spawn(move || {
-                let setup = match Worker::create(api, me, thread_registry, thread_lanes) {
-                    Ok(worker) => worker,
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
-                        return;
-                    }
-                };
+                let setup =
+                    match Worker::create(api, me, thread_registry, thread_lanes, thread_held) {
+                        Ok(worker) => worker,
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return;
+                        }
+                    };
                 let _ = ready.send(Ok((
                     setup.address.clone(),
                     setup.callbacks.rejected.clone(),
@@ -309,6 +313,7 @@ impl UcxTransport {
             registry,
             lanes,
             rejected,
+            held,
             version: ucx.version.clone(),
         })
     }
@@ -335,6 +340,11 @@ impl UcxTransport {
     /// The lanes UCX chose to each peer it carried a transfer to or from.
     pub fn lanes(&self) -> HashMap<u32, String> {
         self.lanes.lock().clone()
+    }
+
+    /// Sends whose bytes UCX still holds (answered or not).
+    pub fn sends_held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
     }
 
     /// DATA messages refused (unknown token, bad header or bounds).
@@ -405,6 +415,7 @@ struct Worker {
     #[allow(clippy::vec_box)]
     tags: Vec<Box<EndpointTag>>,
     lanes: Lanes,
+    held: Arc<AtomicUsize>,
     closing: Vec<ucs_status_ptr_t>,
 }
 
@@ -418,6 +429,7 @@ impl Worker {
         me: u32,
         registry: Arc<DestinationRegistry>,
         lanes: Lanes,
+        held: Arc<AtomicUsize>,
     ) -> Result<Worker> {
         let name = CString::new("pjrt-crosshost").expect("no NUL");
         let mut config: *mut ucp_config = std::ptr::null_mut();
@@ -540,6 +552,7 @@ impl Worker {
             next_request: 1,
             tags: Vec::new(),
             lanes,
+            held,
             closing: Vec::new(),
         })
     }
@@ -732,6 +745,7 @@ impl Worker {
                 timeout: order.timeout,
             },
         );
+        self.held.store(self.sends.len(), Ordering::Release);
         let op = self.sends.get(&request).expect("just inserted");
         let mut param = ucp_request_param_t::empty();
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK
@@ -811,6 +825,7 @@ impl Worker {
         if let Some(op) = self.sends.get(&request) {
             if op.ucx_done && op.done.is_none() {
                 self.sends.remove(&request);
+                self.held.store(self.sends.len(), Ordering::Release);
             }
         }
     }
@@ -879,6 +894,9 @@ impl Worker {
                 return;
             }
         };
+        if !self.lanes.lock().contains_key(&peer) {
+            self.record_lanes(peer);
+        }
         let (header, message) = ack.encode();
         // The ack's bytes must live until UCX is done with them; a small
         // leak-free holder freed by the completion callback.
@@ -958,6 +976,10 @@ impl Worker {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
+        }
+        let stuck = self.sends.values().filter(|op| !op.ucx_done).count();
+        if stuck > 0 {
+            log::warn!("UCX transport: {stuck} sends were still held by UCX at shutdown");
         }
         for request in self.closing.drain(..) {
             // SAFETY: each close request is freed once.
@@ -1203,7 +1225,7 @@ unsafe extern "C" fn on_ack(
 }
 
 unsafe extern "C" fn on_send_complete(
-    _request: *mut c_void,
+    request: *mut c_void,
     status: ucs_status_t,
     user_data: *mut c_void,
 ) {
@@ -1216,18 +1238,26 @@ unsafe extern "C" fn on_send_complete(
                 request: user_data as usize as u64,
                 status,
             });
+            // SAFETY: the request's one completion; UCX allows freeing it here.
+            unsafe { (callbacks.api.request_free)(request) };
         }
     });
 }
 
 unsafe extern "C" fn on_ack_sent(
-    _request: *mut c_void,
+    request: *mut c_void,
     _status: ucs_status_t,
     user_data: *mut c_void,
 ) {
     // SAFETY: the holder was made by Box::into_raw in `send_ack` and is
     // freed only here (this request's one completion).
     drop(unsafe { Box::from_raw(user_data as *mut ([u8; super::wire::ACK_HEADER_LEN], Vec<u8>)) });
+    CURRENT.with(|current| {
+        if let Some(callbacks) = current.borrow().as_ref() {
+            // SAFETY: the request's one completion; UCX allows freeing it here.
+            unsafe { (callbacks.api.request_free)(request) };
+        }
+    });
 }
 
 unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, ep: ucp_ep_h, status: ucs_status_t) {
