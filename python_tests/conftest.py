@@ -145,3 +145,18 @@ def run_child_python(code: str, timeout: float = 120) -> subprocess.CompletedPro
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture
+def two_hosts():
+    """A fresh two-host bed (two_hosts.TwoHostBed): hosts "a" and "b" in
+    namespaces of their own, joined by a veth; every process started on it is
+    killed and the bed deleted afterwards. Skips, saying why, where no bed can
+    be made (not root, no `ip`/`unshare`, namespaces not permitted)."""
+    import two_hosts as th
+
+    reason = th.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no two-host bed: {reason}")
+    with th.TwoHostBed() as bed:
+        yield bed
