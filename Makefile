@@ -3,12 +3,14 @@
 #   make test   every test (scripts/test.sh): cargo tests, python_tests on both
 #               backends, the JAX tests on JAX 0.10.2 and 0.12, fuzz corpus
 #   make bench-jax  the JAX-level benchmark (crosshost vs JAX's own path)
+#   make bench-hosts  the same across two hosts of a two-host bed (root;
+#               scripts/two-hosts.sh), with a raw TCP stream for scale
 #   make fuzz       1,000,000 executions of every fuzz target
 #   make sanitize   the Rust tests under ASan/LSan (nightly)
 PYTHON ?= python3
 LIB := $(CURDIR)/target/release/libpjrt_crosshost.so
 
-.PHONY: setup build test demo lint bench-jax fuzz sanitize
+.PHONY: setup build test demo lint bench-jax bench-hosts fuzz sanitize
 
 setup:
 	scripts/setup.sh
@@ -28,6 +30,9 @@ lint:
 
 bench-jax: setup build
 	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/jax_device_put.py
+
+bench-hosts: setup build
+	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/jax_device_put.py --hosts
 
 fuzz: setup
 	FUZZ_RUNS=1000000 FUZZ_GROW_CORPUS=1 scripts/fuzz-short.sh

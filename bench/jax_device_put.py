@@ -13,6 +13,19 @@ configuration: shared memory on one host, the default compute plugin when
 installed, JAX's coordination service as the key-value store. Afterwards the
 crosshost job lists what its transfers left in that store.
 
+With --hosts the two processes run on two hosts of a two-host bed
+(scripts/two-hosts.sh, python_tests/two_hosts.py; root only): process 0 and
+JAX's coordinator on host a (xh-a, 10.77.0.1), process 1 on host b (xh-b,
+10.77.0.2), joined by a veth, each host with its own network, pid, IPC, UTS
+namespace, /dev/shm and boot id, so no same-host shortcut exists. One run
+measures JAX's own CPU path (its socket transfer server, told each host's
+bed address), crosshost in each of HOST_VARIANTS (or --variant), and one raw
+TCP stream over the same veth (256 MiB, sendall/recv_into), and prints the
+ratios and crosshost's large-transfer rate as a fraction of the raw
+stream's. Options in --per-host-options (default PER_HOST_OPTIONS) are added
+to every crosshost variant, with {addr} replaced by each host's own bed
+address and {host} by its name.
+
 Environment: the library under test is PJRT_CROSSHOST_LIB (default
 target/release/libpjrt_crosshost.so), loaded through the in-repo package.
 """
@@ -50,31 +63,68 @@ QUICK = {"4 KiB", "1 MiB", "64 x 1 MiB", "64 MiB"}
 # Targets (docs/DESIGN.md §10, inside JAX): crosshost / JAX's path.
 TARGETS = {"4 KiB": 2.0, "64 x 1 MiB": 2.0, "1 MiB": 4.0, "64 MiB": 4.0, "256 MiB": 10.0}
 
+# --hosts: the crosshost variants measured, (label, create options), in
+# PJRT_CROSSHOST_CREATE_OPTIONS' k=v form; "{addr}" / "{host}" are replaced
+# by each host's own bed address / name. A label ending in "-noucx" runs with
+# the system's libucp hidden on both hosts (the TCP fallback a machine
+# without UCX gets). No variant needs options: each process finds the
+# address it is reached at and, where both have it, moves bytes over UCX.
+HOST_VARIANTS = [
+    ("ucx", ""),
+    ("tcp-noucx", ""),
+]
+# --hosts: options every variant gets on each host (none are needed).
+PER_HOST_OPTIONS = ""
+# --hosts: bulk transport connections of JAX's own path (each "<addr>:0");
+# JAX's default, when jax_cross_host_transport_addresses is not set, is
+# 4 x 0.0.0.0:0 -- an address the other host cannot connect to.
+JAX_TRANSPORTS = 4
+RAW_TCP_BYTES = 256 * MIB
 
-def free_port() -> int:
+
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ worker --
 
 
-def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases: list) -> None:
+def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases: list,
+           where: dict | None = None) -> None:
+    """One process of a job. ``where`` (--hosts): the coordinator's address
+    and this host's own bed address."""
     import numpy as np
 
     import jax
 
+    where = where or {}
+    address = where.get("address")
     if backend == "cpu":
-        jax.config.update(
-            "jax_cross_host_transfer_socket_address", f"127.0.0.1:{free_port()}"
-        )
+        if address is None:
+            jax.config.update(
+                "jax_cross_host_transfer_socket_address", f"127.0.0.1:{free_port()}"
+            )
+        else:
+            # On the bed JAX's socket transfer server needs this host's own
+            # address and a real port (port 0 is advertised as such: the
+            # peer's pull never connects), and its bulk transports need the
+            # address too (their default, 0.0.0.0:0, makes the peer connect
+            # to itself: "Connection refused" and an abort).
+            jax.config.update(
+                "jax_cross_host_transfer_socket_address", f"{address}:{free_port(address)}"
+            )
+            jax.config.update(
+                "jax_cross_host_transport_addresses",
+                ",".join([f"{address}:0"] * int(where.get("jax_transports", JAX_TRANSPORTS))),
+            )
     from jax._src import distributed
     from jax.sharding import SingleDeviceSharding
 
     jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-        initialization_timeout=120,
+        coordinator_address=where.get("coordinator", f"127.0.0.1:{port}"), num_processes=2,
+        process_id=process_id, initialization_timeout=120,
     )
     kv = distributed.global_state.client
     assert jax.default_backend() == backend, (jax.default_backend(), backend)
@@ -139,11 +189,57 @@ def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases:
         json.dump(report, f)
 
 
+# ---------------------------------------------------------- raw TCP stream --
+
+
+def raw_receive(out: str, reps: int, nbytes: int, address: str) -> None:
+    """Receiver of the raw TCP stream: listens on ``address``, prints its
+    port, then per repetition asks for ``nbytes`` (one byte "go") and times
+    until all of them are in (recv_into one buffer)."""
+    srv = socket.create_server((address, 0))
+    print(srv.getsockname()[1], flush=True)
+    srv.settimeout(120)
+    conn, _ = srv.accept()
+    conn.settimeout(300)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    times = []
+    for rep in range(reps + 1):
+        t0 = time.perf_counter()
+        conn.sendall(b"g")
+        got = 0
+        while got < nbytes:
+            k = conn.recv_into(view[got:])
+            if not k:
+                raise SystemExit(f"raw TCP: the sender closed after {got} of {nbytes} bytes")
+            got += k
+        elapsed = time.perf_counter() - t0
+        assert buf[0] == rep % 256 and buf[-1] == rep % 256, "raw TCP: wrong data"
+        if rep > 0:  # the first is the warm-up
+            times.append(elapsed)
+    conn.close()
+    with open(out, "w") as f:
+        json.dump({"times": times, "bytes": nbytes}, f)
+
+
+def raw_send(host: str, port: int, reps: int, nbytes: int) -> None:
+    """Sender of the raw TCP stream: one sendall of a memoryview per "go"."""
+    conn = socket.create_connection((host, port), timeout=120)
+    conn.settimeout(300)
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    for rep in range(reps + 1):
+        buf[0] = buf[-1] = rep % 256
+        if conn.recv(1) != b"g":
+            raise SystemExit("raw TCP: the receiver went away")
+        conn.sendall(view)
+    conn.close()
+
+
 # ------------------------------------------------------------- orchestrator --
 
 
-def run_backend(backend: str, reps: int, cases: list, python: str, options: str = "") -> dict:
-    port = free_port()
+def worker_env(backend: str, options: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env.pop("PJRT_CROSSHOST_CREATE_OPTIONS", None)
     if options:
@@ -153,45 +249,228 @@ def run_backend(backend: str, reps: int, cases: list, python: str, options: str 
     lib = os.environ.get("PJRT_CROSSHOST_LIB", str(REPO / "target/release/libpjrt_crosshost.so"))
     env["PJRT_CROSSHOST_JAX_LIBRARY"] = lib
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def wait_workers(procs: list, what: str, timeout: float, kill) -> None:
+    """Waits for every worker (one deadline for all); when one fails or the
+    deadline passes, kills them all and raises SystemExit."""
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            try:
+                code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{what}: timed out after {timeout:.0f} s") from None
+            if code != 0:
+                raise SystemExit(f"{what}: worker failed (exit {code})")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill(proc)
+
+
+def run_backend(backend: str, reps: int, cases: list, python: str, options: str = "",
+                bed=None, host_options: dict | None = None, timeout: float = 1800,
+                hide_ucx: bool = False) -> dict:
+    """One two-process job; returns the receiver's report. With ``bed``: on
+    its two hosts, ``host_options[host]`` each host's create options, and
+    with ``hide_ucx`` the system's libucp hidden there."""
+    def kill(proc):
+        proc.kill()
+
     with tempfile.TemporaryDirectory() as tmp:
         outs = [os.path.join(tmp, f"out{p}.json") for p in (0, 1)]
-        procs = [
-            subprocess.Popen(
-                [python, __file__, "--worker", str(p), str(port), outs[p], backend, str(reps),
-                 json.dumps(cases)],
-                env=env, start_new_session=True,
-            )
-            for p in (0, 1)
-        ]
-        try:
-            for proc in procs:
-                if proc.wait(timeout=1800) != 0:
-                    raise SystemExit(f"{backend} benchmark worker failed (exit {proc.returncode})")
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
+        if bed is None:
+            port = free_port()
+            env = worker_env(backend, options)
+            procs = [
+                subprocess.Popen(
+                    [python, __file__, "--worker", str(p), str(port), outs[p], backend, str(reps),
+                     json.dumps(cases)],
+                    env=env, start_new_session=True,
+                )
+                for p in (0, 1)
+            ]
+        else:
+            from two_hosts import kill_group as kill  # noqa: F811 - a host's run, group and all
+            from two_hosts import without_ucx
+
+            port = bed.port()
+            procs = []
+            for p, host in enumerate(("a", "b")):
+                where = {"coordinator": f"{bed.hostname('a')}:{port}",
+                         "address": bed.address(host), "jax_transports": JAX_TRANSPORTS}
+                argv = [python, __file__, "--worker", str(p), str(port), outs[p], backend,
+                        str(reps), json.dumps(cases), json.dumps(where)]
+                procs.append(bed.popen(
+                    host,
+                    without_ucx(argv) if hide_ucx else argv,
+                    env=worker_env(backend, (host_options or {}).get(host, "")),
+                ))
+        wait_workers(procs, f"{backend} {options or ''}".strip() + " benchmark", timeout, kill)
         return json.load(open(outs[1]))
+
+
+def run_raw_tcp(bed, reps: int, python: str, nbytes: int = RAW_TCP_BYTES, timeout: float = 600) -> dict:
+    """One raw TCP stream over the bed's veth, the way the arrays go: the
+    sender on a, the receiver on b (xh-b); the receiver's times."""
+    from two_hosts import kill_group, read_line
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "raw.json")
+        receiver = bed.popen("b", [python, __file__, "--raw-receive", out, str(reps), str(nbytes),
+                                   bed.address("b")], stdout=subprocess.PIPE)
+        try:
+            port = int(read_line(receiver, 60))
+        except (TimeoutError, ValueError):
+            kill_group(receiver)
+            raise SystemExit("raw TCP receiver did not start") from None
+        sender = bed.popen("a", [python, __file__, "--raw-send", bed.hostname("b"), str(port),
+                                 str(reps), str(nbytes)])
+        wait_workers([receiver, sender], "raw TCP", timeout, kill_group)
+        return json.load(open(out))
+
+
+def host_option_strings(variant: str, per_host: str, bed) -> dict:
+    joined = ",".join(o for o in (per_host, variant) if o)
+    return {h: joined.format(addr=bed.address(h), host=bed.hostname(h)) for h in ("a", "b")}
+
+
+def main_hosts(args, cases: list, jax_version: str) -> None:
+    sys.path.insert(0, str(REPO / "python_tests"))
+    import two_hosts
+
+    reason = two_hosts.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"--hosts: no two-host bed can be made here: {reason}")
+    variants = HOST_VARIANTS
+    if args.variant:
+        variants = [tuple(v.split("=", 1)) if "=" in v else (v, "") for v in args.variant]
+    results: dict = {"variants": {}, "options": {}}
+    with two_hosts.TwoHostBed() as bed:
+        print(f"two-host bed {bed.name}: process 0 and the coordinator on {bed.hostname('a')} "
+              f"({bed.address('a')}), process 1 on {bed.hostname('b')} ({bed.address('b')})",
+              flush=True)
+
+        def attempt(what, fn):
+            try:
+                return fn()
+            except SystemExit as e:
+                print(f"{what}: FAILED: {e}", flush=True)
+                return {"error": str(e)}
+
+        results["cpu"] = attempt("JAX's CPU path", lambda: run_backend(
+            "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout))
+        for label, variant in variants:
+            opts = host_option_strings(variant, args.per_host_options, bed)
+            results["options"][label] = opts
+            results["variants"][label] = attempt(f"crosshost {label} ({opts})", lambda: run_backend(
+                "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
+                host_options=opts, timeout=args.timeout, hide_ucx=label.endswith("-noucx")))
+        results["raw_tcp"] = attempt("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python))
+
+    cpu, raw = results["cpu"], results["raw_tcp"]
+    labels = [label for label, _ in variants]
+
+    def med(report, name):
+        times = report.get("results", {}).get(name)
+        return statistics.median(times) if times else None
+
+    def ms(t):
+        return f"{t * 1e3:.2f} ms" if t is not None else "failed"
+
+    print(f"\nJAX {jax_version}, two hosts (xh-a -> xh-b over a veth): cross-host "
+          f"jax.device_put, receiver's time from a shared barrier to block_until_ready, "
+          f"median of {args.reps}")
+    for label in labels:
+        print(f"crosshost {label}: a: {results['options'][label]['a'] or '(no options)'}; "
+              f"b: {results['options'][label]['b'] or '(no options)'}")
+    head = ["case", "JAX's path"] + [f"crosshost {lb}" for lb in labels] + [f"ratio {lb}" for lb in labels]
+    rows = []
+    table = []
+    for name, _, _ in cases:
+        theirs = med(cpu, name)
+        mine = [med(results["variants"][lb], name) for lb in labels]
+        ratios = [f"{theirs / m:.2f}x" if theirs and m else "-" for m in mine]
+        rows.append([name, ms(theirs)] + [ms(m) for m in mine] + ratios)
+        table.append({"case": name, "jax_ms": theirs and theirs * 1e3,
+                      **{f"crosshost_{lb}_ms": m and m * 1e3 for lb, m in zip(labels, mine)}})
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    print(" | ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("-|-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    if raw.get("times"):
+        raw_t = statistics.median(raw["times"])
+        raw_gbps = raw["bytes"] / raw_t / 1e9
+        big = "256 MiB" if any(c[0] == "256 MiB" for c in cases) else "64 MiB"
+        nbytes = 256 * MIB if big == "256 MiB" else 64 * MIB
+        line = (f"raw TCP, one stream a -> b over the veth, {raw['bytes'] >> 20} MiB "
+                f"(sendall/recv_into): {raw_gbps:.2f} GB/s ({raw_t * 1e3:.1f} ms)")
+        fractions = []
+        for label in [None] + labels:
+            t = med(cpu if label is None else results["variants"][label], big)
+            if t:
+                gbps = nbytes / t / 1e9
+                fractions.append(f"{'JAX' if label is None else 'crosshost ' + label} {big}: "
+                                 f"{gbps:.2f} GB/s = {gbps / raw_gbps:.0%} of it")
+        print(line)
+        for f in fractions:
+            print("  " + f)
+    for label in labels:
+        report = results["variants"][label]
+        if "error" in report:
+            continue
+        keys = report.get("transfer_keys", report.get("store_keys_error"))
+        print(f"crosshost {label}: transfer keys left in JAX's coordination service: {keys}; "
+              f"receiver's metrics: {report.get('metrics')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"jax": jax_version, "hosts": True, "table": table, **results}, f, indent=1)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         pid, port, out, backend, reps, cases = sys.argv[2:8]
-        worker(int(pid), int(port), out, backend, int(reps), json.loads(cases))
+        where = json.loads(sys.argv[8]) if len(sys.argv) > 8 else None
+        worker(int(pid), int(port), out, backend, int(reps), json.loads(cases), where)
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--raw-receive":
+        out, reps, nbytes, address = sys.argv[2:6]
+        raw_receive(out, int(reps), int(nbytes), address)
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--raw-send":
+        host, port, reps, nbytes = sys.argv[2:6]
+        raw_send(host, int(port), int(reps), int(nbytes))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="fewer cases (no 256 MiB)")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the workers")
+    parser.add_argument("--hosts", action="store_true",
+                        help="across the two hosts of a two-host bed (scripts/two-hosts.sh; root)")
+    parser.add_argument("--variant", action="append", metavar="LABEL=OPTIONS",
+                        help="--hosts: a crosshost variant (repeat; replaces HOST_VARIANTS)")
+    parser.add_argument("--per-host-options", default=PER_HOST_OPTIONS, metavar="OPTIONS",
+                        help="--hosts: options for every variant, {addr}/{host} per host "
+                             f"(default {PER_HOST_OPTIONS!r}; '' for none)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="bound on each job, seconds")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.quick or c[0] in QUICK]
+    if args.hosts:  # every case; --quick drops only 256 MiB
+        cases = [c for c in CASES if not args.quick or c[0] != "256 MiB"]
 
     import jax  # noqa: F401 - fail early, with a clear message, if JAX is absent
 
     jax_version = subprocess.check_output(
         [args.python, "-c", "import jax; print(jax.__version__)"], text=True
     ).strip()
+    if args.hosts:
+        main_hosts(args, cases, jax_version)
+        return
     cpu = run_backend("cpu", args.reps, cases, args.python)
     ours = run_backend("crosshost", args.reps, cases, args.python)
     # Every key through JAX's coordination service, whose gets only block:

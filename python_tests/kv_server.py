@@ -41,9 +41,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class KvServer:
-    """In-memory store with blocking gets, served on 127.0.0.1:<port>."""
+    """In-memory store with blocking gets, served on ``host``:``port``
+    (default 127.0.0.1 and a free port)."""
 
-    def __init__(self, allow_overwrite: bool = True):
+    def __init__(self, allow_overwrite: bool = True, host: str = "127.0.0.1", port: int = 0):
         self.allow_overwrite = allow_overwrite
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
@@ -75,7 +76,7 @@ class KvServer:
             daemon_threads = True
             allow_reuse_address = True
 
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = Server((host, port), Handler)
         self.address = self._server.server_address
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

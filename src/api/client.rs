@@ -562,22 +562,34 @@ impl Client {
             ucx,
         );
         if let Some(peer) = &peer_store {
-            // A peer whose link closed is gone: its receives fail now.
+            // A peer whose link closed is gone: its receives fail now, and
+            // the sends waiting for its descriptors.
             let service = Arc::downgrade(&transfers);
             peer.on_peer_lost(Box::new(move |process| {
                 if let Some(service) = service.upgrade() {
-                    let failed = service.fail_receives_from(
-                        process as i32,
-                        crate::status::unavailable(format!(
-                            "process {process} closed its link to this process (it exited, failed \
-                             or destroyed its client) before the transfer completed"
-                        )),
-                    );
-                    if failed > 0 {
-                        log::warn!("process {process} is gone; failed {failed} receives");
+                    let (receives, sends) = service.peer_lost(process as i32);
+                    if receives + sends > 0 {
+                        log::warn!(
+                            "process {process} is gone; failed {receives} receives and {sends} sends"
+                        );
                     }
                 }
             }));
+            let probe = Arc::downgrade(peer);
+            transfers.set_liveness(Box::new(move |process| match probe.upgrade() {
+                Some(peer) => peer.probe(process as u32),
+                None => Err(crate::status::unavailable("the client is being destroyed")),
+            }));
+            // Links to every peer now, so that any peer's death is noticed,
+            // also one this process has not exchanged a key with yet.
+            let eager = Arc::downgrade(peer);
+            let _ = std::thread::Builder::new()
+                .name("crosshost-links".into())
+                .spawn(move || {
+                    if let Some(peer) = eager.upgrade() {
+                        peer.connect_all();
+                    }
+                });
         }
         let platform_version = match &compute {
             Some(compute) => format!(

@@ -134,6 +134,23 @@ impl PeerStore {
         *self.local.on_peer_lost.lock() = Some(lost);
     }
 
+    /// Opens a link to `peer` (or finds the one open): OK when it answers.
+    pub fn probe(&self, peer: u32) -> Result<()> {
+        self.link(peer).map(|_| ())
+    }
+
+    /// Opens a link to every peer, so that the death of any of them is
+    /// noticed when its link closes; a peer that cannot be reached now is
+    /// left to the first request that needs it.
+    pub fn connect_all(&self) {
+        let peers: Vec<u32> = self.peers.lock().keys().copied().collect();
+        for peer in peers {
+            if let Err(e) = self.link(peer) {
+                log::debug!("peer store: no link to process {peer} yet: {e}");
+            }
+        }
+    }
+
     /// Keys this process holds for its own reads.
     pub fn local_keys(&self) -> usize {
         self.local.store.len()

@@ -576,6 +576,13 @@ impl ControlLink {
                 ));
             }
             let tcp = endpoint.tcp;
+            if e.kind() == io::ErrorKind::ConnectionRefused {
+                // The host answered: nothing listens there (any more).
+                return status::unavailable(format!(
+                    "process {peer} does not answer at {tcp}, the address it advertised ({e}): it \
+                     exited or destroyed its client"
+                ));
+            }
             status::unavailable(format!(
                 "cannot reach process {peer} at {tcp}, the address it advertised, for its control link: \
                  {e}; if this host cannot reach {}, give process {peer} the create option \

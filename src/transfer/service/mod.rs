@@ -10,9 +10,10 @@
 mod receive;
 mod send;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,6 +144,50 @@ pub struct SendSource {
     pub global_device_id: i32,
 }
 
+/// Asks whether process N answers (e.g. by opening a control link to it).
+pub type Liveness = Box<dyn Fn(i32) -> Result<()> + Send + Sync>;
+
+type EndWait = Arc<dyn Fn(Status) + Send + Sync>;
+
+/// Sends waiting for a descriptor, each with the receiver it waits on and
+/// how to end its wait.
+#[derive(Default)]
+struct DescribedWaits {
+    next: AtomicU64,
+    waits: Mutex<HashMap<u64, (i32, EndWait)>>,
+}
+
+impl DescribedWaits {
+    fn register(&self, peer: i32, end: EndWait) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.waits.lock().insert(id, (peer, end));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.waits.lock().remove(&id);
+    }
+
+    /// Ends every wait on `peer` with `reason`; returns how many.
+    fn fail_peer(&self, peer: i32, reason: &Status) -> usize {
+        let ended: Vec<EndWait> = {
+            let mut waits = self.waits.lock();
+            let ids: Vec<u64> = waits
+                .iter()
+                .filter(|(_, (p, _))| *p == peer)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| waits.remove(&id).map(|(_, end)| end))
+                .collect()
+        };
+        for end in &ended {
+            end(reason.clone());
+        }
+        ended.len()
+    }
+}
+
 struct PendingEntry {
     receive: PendingReceive,
     peer_process: Option<i32>,
@@ -159,6 +204,12 @@ pub struct TransferService {
     config: TransferConfig,
     next_v1_transfer: AtomicI64,
     pending: Mutex<HashMap<String, PendingEntry>>,
+    /// Sends waiting for their receiver's descriptor, by receiver.
+    described_waits: DescribedWaits,
+    /// Receivers whose link closed; a new send to one first asks whether it
+    /// is back (`liveness`).
+    lost: Mutex<HashSet<i32>>,
+    liveness: Mutex<Option<Liveness>>,
     tcp_server: OnceCell<TcpReceiveServer>,
     /// The UCX data plane, when this client reaches peers over UCX.
     ucx: Option<UcxTransport>,
@@ -212,6 +263,9 @@ impl TransferService {
             session,
             next_v1_transfer: AtomicI64::new(0),
             pending: Mutex::new(HashMap::new()),
+            described_waits: DescribedWaits::default(),
+            lost: Mutex::new(HashSet::new()),
+            liveness: Mutex::new(None),
             tcp_server: OnceCell::new(),
             ucx,
             incarnations: Mutex::new(HashMap::new()),
@@ -354,6 +408,56 @@ impl TransferService {
             log::warn!(
                 "peer task {task} restarted (incarnation {old} -> {new}); failed {failed} receives"
             );
+        }
+    }
+
+    /// How to ask whether a lost receiver is back (the peer store's links).
+    pub fn set_liveness(&self, liveness: Liveness) {
+        *self.liveness.lock() = Some(liveness);
+    }
+
+    /// Process `process` is gone (its link closed): its receives fail, and
+    /// so do the sends waiting for its descriptors; new sends to it fail at
+    /// once until it answers again. Returns (receives, sends) failed.
+    pub fn peer_lost(&self, process: i32) -> (usize, usize) {
+        self.lost.lock().insert(process);
+        let receives = self.fail_receives_from(
+            process,
+            status::unavailable(format!(
+                "process {process} closed its link to this process (it exited, failed or \
+                 destroyed its client) before the transfer completed"
+            )),
+        );
+        let sends = self.described_waits.fail_peer(
+            process,
+            &status::unavailable(format!(
+                "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers: the receiving process \
+                 {process} is gone (its link to this process closed) before it described the \
+                 destination; the buffer was not sent"
+            )),
+        );
+        (receives, sends)
+    }
+
+    /// OK unless `process` was lost and still does not answer.
+    fn check_receiver_alive(&self, process: i32, function: &str) -> Result<()> {
+        if !self.lost.lock().contains(&process) {
+            return Ok(());
+        }
+        let answer = match &*self.liveness.lock() {
+            Some(liveness) => liveness(process),
+            None => Err(status::unavailable("no way to reach it")),
+        };
+        match answer {
+            Ok(()) => {
+                self.lost.lock().remove(&process);
+                Ok(())
+            }
+            Err(e) => Err(status::unavailable(format!(
+                "{function}: the receiving process {process} is gone (its link to this process \
+                 closed, and it does not answer: {}); nothing was sent",
+                e.message
+            ))),
         }
     }
 

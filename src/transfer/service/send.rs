@@ -402,17 +402,29 @@ impl TransferService {
                 incarnations,
             );
             let index = occurrences.entry((dst, key)).or_insert(0);
-            plan.push(descriptor_key(&epoch, key, *index)?);
+            plan.push((descriptor_key(&epoch, key, *index)?, peer.process_index));
             *index += 1;
         }
+        // A receiver known to be gone gets no new sends (unless it answers
+        // again): each would wait its full timeout for a descriptor.
+        let mut peers: Vec<i32> = plan.iter().map(|(_, peer)| *peer).collect();
+        peers.dedup();
+        for peer in peers {
+            self.check_receiver_alive(peer, F)?;
+        }
         let mut futures = Vec::with_capacity(plan.len());
-        for (source, desc_key) in sources.into_iter().zip(plan) {
-            futures.push(self.send_when_described(source, desc_key));
+        for (source, (desc_key, peer)) in sources.into_iter().zip(plan) {
+            futures.push(self.send_when_described(source, desc_key, peer));
         }
         Ok(futures)
     }
 
-    fn send_when_described(self: &Arc<Self>, source: SendSource, desc_key: String) -> Future {
+    fn send_when_described(
+        self: &Arc<Self>,
+        source: SendSource,
+        desc_key: String,
+        peer: i32,
+    ) -> Future {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
         let (promise, future) = PromiseOnce::new();
         let slot = Arc::new(Mutex::new(Some(source)));
@@ -452,20 +464,34 @@ impl TransferService {
                 return future;
             }
         };
-        let store = self.store.clone();
+        // Ended, once, by its descriptor, its deadline, or its receiver's
+        // loss, whichever comes first.
+        let end_wait: Arc<dyn Fn(Status) + Send + Sync> = {
+            let store = self.store.clone();
+            let desc_key = desc_key.clone();
+            Arc::new(move |reason: Status| {
+                if slot.lock().take().is_some() {
+                    store.cancel_async_get(&desc_key, waiter);
+                    promise.set(Err(reason));
+                }
+            })
+        };
         let timeout = self.config.send_timeout;
+        let on_deadline = end_wait.clone();
+        let key = desc_key.clone();
         let timer_id = self.timer.schedule_after(timeout, move || {
-            if slot.lock().take().is_some() {
-                store.cancel_async_get(&desc_key, waiter);
-                promise.set(Err(status::deadline_exceeded(format!(
-                    "{F}: the receiver's descriptor ({desc_key}) did not arrive within {timeout:?}"
-                ))));
-            }
+            on_deadline(status::deadline_exceeded(format!(
+                "{F}: the receiver's descriptor ({key}) did not arrive within {timeout:?} (is \
+                 the receiving process calling CrossHostReceiveBuffers for this transfer key? \
+                 JAX sends uncommitted arrays only when they are committed to a device)"
+            )));
         });
+        let wait_id = self.described_waits.register(peer, end_wait);
         let service = Arc::downgrade(self);
         future.on_ready(move |_| {
             if let Some(service) = service.upgrade() {
                 service.timer.cancel(timer_id);
+                service.described_waits.remove(wait_id);
             }
         });
         future

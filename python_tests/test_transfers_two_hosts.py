@@ -1,0 +1,198 @@
+"""Transfers between two hosts, through the C API, on the two-host bed
+(python_tests/two_hosts.py): node 0 on host a sends, node 1 on host b
+receives, and neither process is given an address or a transport. Their own
+hostname, pid, IPC and mount namespaces and /dev/shm leave no same-host
+shortcut, so the bytes go over the bed's network: over UCX where libucp
+loads (the metrics name the UCX lanes, tcp over the bed's eth0), over the
+TCP transport where it is hidden (bind-mounted over with /dev/null on both
+hosts).
+
+Covered: v2 in both call orders (receive first, send first), v1, a v1
+cancellation racing its send, a sender and a receiver SIGKILLed mid-transfer
+(stopped at a kill point, src/sync/kill_points.rs), and `transport=ucx`
+without UCX failing creation with the places it looked. The framework's KV
+store runs on host a (two_host_worker.py kv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+import transfer_helpers as th
+import two_hosts
+from conftest import library_path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "two_host_worker.py")
+TIMEOUT_MS = 30_000
+# Well inside the 30 s receive and send timeouts: a dead peer's link closes.
+PROMPT_S = 10.0
+
+def python():
+    import sys
+
+    return sys.executable
+
+
+class BedJob:
+    """A job of two workers on the bed, the KV store on host a."""
+
+    def __init__(self, bed, tmp_path, hide_ucx=False, options=None, env=None, kill_point=None):
+        self.bed = bed
+        self.env = dict(os.environ, PYTHONPATH=HERE, **(env or {}))
+        self.env.pop("PJRT_CROSSHOST_UCX_LIBRARY", None)
+        self.prefix = two_hosts.without_ucx([]) if hide_ucx else []
+        port = bed.port()
+        self.kv = bed.popen("a", [*self.prefix, python(), WORKER, "kv", port],
+                            env=self.env, stdout=__import__("subprocess").PIPE)
+        line = two_hosts.read_line(self.kv, 30)
+        assert line, "the KV server did not start"
+        self.kv_address = json.loads(line)["kv"]
+        self.kv_address[0] = bed.address("a")
+        self.session = th.unique("hosts")
+        self.options = {"receive_timeout_ms": TIMEOUT_MS, "send_timeout_ms": TIMEOUT_MS,
+                        **(options or {})}
+        self.tmp_path = tmp_path
+        self.kill_point = kill_point
+
+    def start(self, node, scenario, order=None, kill=False):
+        import subprocess
+
+        cfg = {"lib": str(library_path()), "kv": self.kv_address, "session": self.session,
+               "node": node, "scenario": scenario, "order": order, "options": self.options}
+        env = dict(self.env)
+        if kill:
+            env["PJRT_CROSSHOST_TEST_KILL_POINT"] = self.kill_point
+            env["PJRT_CROSSHOST_TEST_KILL_POINT_MARKER"] = str(self.tmp_path / "reached")
+        host = "a" if node == 0 else "b"
+        log = self.tmp_path / f"node{node}.log"
+        proc = self.bed.popen(host, [*self.prefix, python(), WORKER, "run", json.dumps(cfg)],
+                              env=env, stdout=subprocess.PIPE, stderr=open(log, "wb"))
+        proc.log = log
+        return proc
+
+    def result(self, proc, timeout=120):
+        """The worker's result line (it prints one, then may wait for its peer)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            line = two_hosts.read_line(proc, max(left, 0.001)) if left > 0 else ""
+            if not line or line.startswith("{"):
+                break
+        log = proc.log.read_text(errors="replace")[-4000:]
+        assert line, f"worker printed no result (exit {proc.poll()}):\n{log}"
+        result = json.loads(line)
+        assert "error" not in result, f"worker failed:\n{result['error']}\n{log}"
+        return result
+
+    def pair(self, scenario, order=None):
+        receiver = self.start(1, scenario, order)
+        sender = self.start(0, scenario, order)
+        return self.result(sender), self.result(receiver)
+
+
+def assert_delivered(sent, received, route):
+    assert sent["sends"] == ["OK"] * len(sent["sends"]), sent["sends"]
+    assert received["buffers"] == ["OK"] * len(received["buffers"]), received["buffers"]
+    assert all(received["same"]), received["same"]
+    m = received["metrics"]
+    assert m["keys_created"] == m["keys_deleted"] and m["keys_outstanding"] == 0, m
+    carried = m["transports"][route]
+    assert carried["bytes_received"] == m["bytes_received"] > 0, m["transports"]
+    assert carried["transfers_received"] == len(received["buffers"]), m["transports"]
+    for other in ("shm", "tcp", "ucx"):
+        if other != route:
+            assert m["transports"][other]["bytes_received"] == 0, m["transports"]
+    if route == "ucx":
+        # UCX found no same-host shortcut: its lanes are TCP over the bed.
+        lanes = m["transports"]["ucx"]["lanes"]
+        assert "tcp/eth0" in lanes, lanes
+        for shortcut in ("posix", "sysv", "cma", "xpmem", "knem"):
+            assert shortcut not in lanes, lanes
+        assert sent["metrics"]["transports"]["ucx"]["transfers_sent"] == len(sent["sends"])
+
+
+@pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])
+@pytest.mark.parametrize("order", ["recv_first", "send_first"])
+def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
+    job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx)
+    sent, received = job.pair("v2", order)
+    assert_delivered(sent, received, "tcp" if hide_ucx else "ucx")
+
+
+@pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])
+def test_v1_between_hosts(two_hosts, tmp_path, hide_ucx):
+    # v1's receiver cannot know where its sender is: it offers UCX or TCP
+    # only when told (transport=ucx|tcp); shared memory would not reach.
+    transport = "tcp" if hide_ucx else "ucx"
+    job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx, options={"transport": transport})
+    sent, received = job.pair("v1")
+    assert_delivered(sent, received, transport)
+
+
+def test_a_cancelled_v1_buffer_refuses_its_late_send_and_the_rest_arrive(two_hosts, tmp_path):
+    job = BedJob(two_hosts, tmp_path, options={"transport": "ucx"})
+    sent, received = job.pair("cancel")
+    assert received["buffers"][1].startswith("CANCELLED"), received["buffers"]
+    assert sent["sends"][1] != "OK", sent["sends"]
+    others = [i for i in range(len(received["buffers"])) if i != 1]
+    assert all(received["buffers"][i] == "OK" and received["same"][i] for i in others), received
+    assert all(sent["sends"][i] == "OK" for i in others), sent["sends"]
+    assert received["metrics"]["keys_outstanding"] == 0
+
+
+def wait_for_marker(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the worker to be killed exited first"
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])
+def test_a_sender_killed_mid_transfer_fails_the_receive_promptly(two_hosts, tmp_path, hide_ucx):
+    job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx, kill_point="sender_after_descriptor")
+    receiver = job.start(1, "v2", "recv_first")
+    sender = job.start(0, "v2", "recv_first", kill=True)
+    wait_for_marker(tmp_path / "reached", sender)
+    killed_at = time.monotonic()
+    os.killpg(sender.pid, signal.SIGKILL)
+    sender.wait(30)
+    received = job.result(receiver)
+    assert any(b.startswith("UNAVAILABLE") for b in received["buffers"]), received["buffers"]
+    assert "OK" not in received["buffers"][-1:], received["buffers"]
+    assert time.monotonic() - killed_at < PROMPT_S + 30, received
+    assert received["seconds"] < TIMEOUT_MS / 1000, received
+
+
+@pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])
+def test_a_receiver_killed_mid_transfer_fails_the_send_promptly(two_hosts, tmp_path, hide_ucx):
+    job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx, kill_point="receiver_after_descriptor")
+    receiver = job.start(1, "v2", "recv_first", kill=True)
+    sender = job.start(0, "v2", "send_first")
+    wait_for_marker(tmp_path / "reached", receiver)
+    started = time.monotonic()
+    os.killpg(receiver.pid, signal.SIGKILL)
+    receiver.wait(30)
+    sent = job.result(sender)
+    assert "OK" not in sent["sends"], sent["sends"]
+    assert all(s.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")) for s in sent["sends"]), sent
+    assert time.monotonic() - started < TIMEOUT_MS / 1000, sent
+
+
+def test_transport_ucx_without_ucx_fails_creation_naming_where_it_looked(two_hosts, tmp_path):
+    job = BedJob(two_hosts, tmp_path, hide_ucx=True, options={"transport": "ucx"})
+    receiver = job.start(1, "v2")
+    sender = job.start(0, "v2")
+    for proc in (sender, receiver):
+        result = job.result(proc)
+        error = result["create_error"]
+        assert error["code"] == 9, error  # FAILED_PRECONDITION
+        message = error["message"]
+        assert "transport=ucx" in message, message
+        assert "libucp.so.0" in message and "PJRT_CROSSHOST_UCX_LIBRARY" in message, message

@@ -1,0 +1,153 @@
+"""One process of a two-host ctypes job (test_transfers_two_hosts.py), run
+on a host of the two-host bed.
+
+    two_host_worker.py kv PORT            serve the job's KV store on this host
+    two_host_worker.py run CONFIG_JSON    be node CONFIG["node"] of the job
+
+The KV store (kv_server.KvServer) runs on host a, on the bed's network, so
+both processes reach it as a framework's store: the plugin's session goes
+through the PJRT KV callbacks, the transfer keys over its control links
+between the hosts. The test in the root namespace cannot reach the bed's
+network, so each worker prints one JSON line of results on stdout, last.
+Node 0 (host a) sends, node 1 (host b) receives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+import pjrt_ctypes as pc  # noqa: E402
+import transfer_helpers as th  # noqa: E402
+from kv_server import KvClient, KvServer  # noqa: E402
+from peer_process import Channel, client_options  # noqa: E402
+
+BT = pc.BufferType
+SEED = 4242
+# Zero-sized, eager (below UCX's rendezvous threshold) and rendezvous sizes.
+SPECS = [
+    th.spec(BT.F32, 0),
+    th.spec(BT.U8, 17),
+    th.spec(BT.S32, 1024),
+    th.spec(BT.F64, 256, 512),
+    th.spec(BT.BF16, 2, 3, 4),
+    th.spec(BT.U8, 8 << 20),
+]
+KEYS = list(range(100, 100 + len(SPECS)))
+
+
+def status_code(status) -> str:
+    """``OK``, or the error's code name and message."""
+    if status is None:
+        return "OK"
+    return f"{pc.ErrorCode(status.code).name}: {status}"
+
+
+def serve_kv(port: int) -> int:
+    server = KvServer(host="0.0.0.0", port=port)
+    print(json.dumps({"kv": list(server.address)}), flush=True)
+    # The bed kills us when the test is done.
+    while True:
+        time.sleep(3600)
+
+
+def sender(api, xh, client, ch, cfg):
+    d0 = client.addressable_devices()[0]
+    dst = th.device_ids(client, 1)[0]
+    scenario = cfg["scenario"]
+    if scenario == "v1" or scenario == "cancel":
+        descs = ch.get_list("desc", timeout=60)
+        srcs = [th.upload(client, d0, s, th.make_data(s, SEED + i)) for i, s in enumerate(SPECS)]
+        sends = [xh.copy_to_remote(b, d) for b, d in zip(srcs, descs)]
+        outcomes = []
+        for s in sends:
+            err, _ = s.wait()
+            outcomes.append(status_code(err))
+        return {"sends": outcomes}
+    if cfg.get("order") == "recv_first":
+        ch.get("posted", 60)
+    srcs = [th.upload(client, d0, s, th.make_data(s, SEED + i)) for i, s in enumerate(SPECS)]
+    try:
+        events = xh.send(client, srcs, [dst] * len(SPECS), KEYS)
+    except pc.PjrtError as e:
+        # Refused as a whole (e.g. the receiver is known to be gone).
+        return {"sends": [status_code(e)] * len(SPECS), "call_failed": True}
+    ch.put("sent", b"1")
+    outcomes = [status_code(th.wait_event(e, timeout=90)) for e in events]
+    return {"sends": outcomes}
+
+
+def receiver(api, xh, client, ch, cfg):
+    d2 = client.addressable_devices()[0]
+    src = th.device_ids(client, 0)[0]
+    scenario = cfg["scenario"]
+    started = time.monotonic()
+    if scenario in ("v1", "cancel"):
+        r = xh.make_receive(client, d2, SPECS)
+        if scenario == "cancel":
+            r.cancel(r.descriptors[1])
+        ch.put_list("desc", r.descriptors)
+        buffers = r.buffers
+    else:
+        if cfg.get("order") == "send_first":
+            ch.get("sent", 60)
+        buffers = xh.receive(client, d2, SPECS, [src] * len(SPECS), KEYS)
+        ch.put("posted", b"1")
+    outcomes, same = [], []
+    for i, (b, s) in enumerate(zip(buffers, SPECS)):
+        status = th.buffer_status(b, timeout=90)
+        outcomes.append(status_code(status))
+        if status is None:
+            got = th.read_back(b, s)
+            same.append(bool(np.array_equal(got.view(np.uint8), th.make_data(s, SEED + i).view(np.uint8))))
+        else:
+            same.append(None)
+    return {"buffers": outcomes, "same": same, "seconds": time.monotonic() - started}
+
+
+def run(cfg: dict) -> int:
+    result: dict = {"node": cfg["node"]}
+    client = None
+    try:
+        kv = KvClient(tuple(cfg["kv"]))
+        ch = Channel(kv, cfg["session"])
+        api = pc.Api(cfg["lib"])
+        api.initialize()
+        xh = th.Transfers(api)
+        callbacks = th.PjrtKvCallbacks(kv)
+        options = client_options(cfg["node"], 2, cfg["session"], cfg.get("options"))
+        try:
+            client = callbacks.create_client(api, options)
+        except pc.PjrtError as e:
+            result["create_error"] = {"code": int(e.code), "message": str(e)}
+            print(json.dumps(result), flush=True)
+            return 0
+        role = sender if cfg["node"] == 0 else receiver
+        result.update(role(api, xh, client, ch, cfg))
+        try:
+            result["metrics"] = th.wait_keys_retired(client, timeout=30)[0]
+        except AssertionError:
+            result["metrics"] = th.metrics(client)
+    except BaseException:  # noqa: BLE001 - reported to the test
+        result["error"] = traceback.format_exc()
+    print(json.dumps(result), flush=True)
+    if client is not None and "error" not in result:
+        # Stay until the other side is done with our memory and links (the
+        # test kills us first when the other side was killed).
+        ch.put(f"done/{cfg['node']}", b"1")
+        ch.get(f"done/{1 - cfg['node']}", 120)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "kv":
+        sys.exit(serve_kv(int(sys.argv[2])))
+    sys.exit(run(json.loads(sys.argv[2])))
