@@ -320,8 +320,9 @@ fn start_ucx(
     let started = ucx::load(options.ucx_library.as_deref())
         .and_then(|loaded| UcxTransport::start(&loaded, me as u32));
     if options.num_nodes > 1 {
-        let mine = match &started {
-            Ok(transport) => Ok(transport.address()),
+        let addresses = started.as_ref().map(UcxTransport::addresses);
+        let mine = match &addresses {
+            Ok(addresses) => Ok(addresses.as_slice()),
             Err(e) => Err(e.message.as_str()),
         };
         let without = session.exchange_ucx(
@@ -345,6 +346,23 @@ fn start_ucx(
     }
     match started {
         Ok(transport) => {
+            let mut peers: std::collections::HashMap<u32, Vec<Vec<u8>>> = session
+                .ucx
+                .iter()
+                .map(|(process, addresses)| (*process as u32, addresses.clone()))
+                .collect();
+            peers.insert(me as u32, transport.addresses());
+            transport.set_peers(&peers);
+            // Wired up now, while every process of the job is alive.
+            if let Err(e) = transport.connect(options.session_timeout) {
+                if forced {
+                    return Err(crate::status::Status::new(
+                        e.code,
+                        format!("PJRT_Client_Create: transport=ucx: {}", e.message),
+                    ));
+                }
+                log::error!("{}: transfers to that process will fail", e.message);
+            }
             log::info!(
                 "UCX {} is this client's data plane across hosts",
                 transport.version()
@@ -545,6 +563,17 @@ impl Client {
             Some(compute) => delegated_devices(compute, &session, &backend),
             None => embedded_devices(&session, &backend),
         };
+        if let (Some(ucx), Some(peer)) = (&ucx, &peer_store) {
+            // A receipt that comes with the bytes sets the key here, in the
+            // peer store's local part, as a sender's SET over the link would.
+            let peer = Arc::downgrade(peer);
+            ucx.set_receipt_sink(Arc::new(move |key: &str, value: &[u8]| {
+                match peer.upgrade() {
+                    Some(peer) => peer.set_held_here(key, value),
+                    None => Err(crate::status::unavailable("the client is being destroyed")),
+                }
+            }));
+        }
         let transfers = TransferService::new(
             store,
             session,
@@ -557,6 +586,7 @@ impl Client {
                 max_receive_bytes: options
                     .max_receive_bytes
                     .unwrap_or_else(default_max_receive_bytes),
+                completion_keys_local: peer_store.is_some(),
                 ..TransferConfig::default()
             },
             ucx,

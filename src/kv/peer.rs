@@ -151,6 +151,13 @@ impl PeerStore {
         }
     }
 
+    /// Sets `key`, which this process reads (FAILED_PRECONDITION otherwise),
+    /// in its own part of the store: what a peer's SET over a link does.
+    pub fn set_held_here(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.local_only(key, "set")?;
+        self.local.store.set(key, value)
+    }
+
     /// Keys this process holds for its own reads.
     pub fn local_keys(&self) -> usize {
         self.local.store.len()

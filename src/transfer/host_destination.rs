@@ -51,6 +51,9 @@ pub enum HostRoute<'a> {
         registry: &'a Arc<DestinationRegistry>,
         token: AuthToken,
         allocation: AllocationHandle,
+        /// The buffer's completion key, when this process holds it and the
+        /// transport can apply a receipt sent with the bytes.
+        completion_key: Option<String>,
     },
 }
 
@@ -99,8 +102,9 @@ impl HostDestination {
                 registry,
                 token,
                 allocation,
+                completion_key,
             } => {
-                registry.register(token, lease.clone())?;
+                registry.register_with_key(token, lease.clone(), completion_key)?;
                 let offer = NetworkOffer {
                     token,
                     registry: registry.clone(),

@@ -31,6 +31,8 @@ pub const MAX_DEVICES_PER_PROCESS: usize = 4096;
 /// The longest UCX worker address a peer may state (a few hundred bytes
 /// per network device; generous for many).
 pub const MAX_UCX_ADDRESS_LEN: usize = 64 << 10;
+/// The most UCX workers a peer may state.
+pub const MAX_UCX_WORKERS: usize = 64;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -181,8 +183,9 @@ pub struct Session {
     pub process_index: i32,
     /// Every process of the job, ordered by process index.
     pub processes: Vec<ProcessEntry>,
-    /// UCX worker addresses of the peers this process reaches over UCX.
-    pub ucx: HashMap<i32, Vec<u8>>,
+    /// UCX worker addresses of the peers this process reaches over UCX
+    /// (each process has a few workers).
+    pub ucx: HashMap<i32, Vec<Vec<u8>>>,
 }
 
 impl Session {
@@ -294,19 +297,22 @@ impl Session {
         format!("crosshost/session/{name}/{epoch}/ucx/{index}")
     }
 
-    /// Publishes this process's UCX worker address (or, `Err`, why it has
+    /// Publishes this process's UCX worker addresses (or, `Err`, why it has
     /// none) and reads those of `peers`, waiting at most `timeout` for each.
-    /// Peers without one are left out of `ucx`; their reasons come back.
+    /// Peers without any are left out of `ucx`; their reasons come back.
     pub fn exchange_ucx(
         &mut self,
         store: &dyn KeyValueStore,
         name: &str,
-        mine: std::result::Result<&[u8], &str>,
+        mine: std::result::Result<&[Vec<u8>], &str>,
         peers: &[i32],
         timeout: Duration,
     ) -> Result<Vec<(i32, String)>> {
         let value = match mine {
-            Ok(address) => format!("xu1 {}", hex(address)),
+            Ok(addresses) => {
+                let list: Vec<String> = addresses.iter().map(|a| hex(a)).collect();
+                format!("xu1 {}", list.join(","))
+            }
             Err(reason) => format!("xu1 - {}", reason.replace('\n', " ")),
         };
         store.set(
@@ -336,12 +342,16 @@ impl Session {
                 reason if reason.starts_with("- ") => {
                     without.push((peer, reason[2..].to_string()));
                 }
-                address => {
-                    let address = unhex(address).ok_or_else(bad)?;
-                    if address.is_empty() || address.len() > MAX_UCX_ADDRESS_LEN {
+                list => {
+                    let addresses = list
+                        .split(',')
+                        .map(|text| unhex(text).filter(|a| !a.is_empty()).ok_or_else(bad))
+                        .collect::<Result<Vec<Vec<u8>>>>()?;
+                    let total: usize = addresses.iter().map(Vec::len).sum();
+                    if addresses.len() > MAX_UCX_WORKERS || total > MAX_UCX_ADDRESS_LEN {
                         return Err(bad());
                     }
-                    self.ucx.insert(peer, address);
+                    self.ucx.insert(peer, addresses);
                 }
             }
         }
@@ -572,7 +582,7 @@ mod tests {
                 .exchange_ucx(
                     &*s2,
                     "ucx",
-                    Ok(&[1, 2, 0xff]),
+                    Ok(&[vec![1, 2, 0xff], vec![3]]),
                     &[0, 2],
                     Duration::from_secs(10),
                 )
@@ -616,13 +626,19 @@ mod tests {
         )
         .unwrap();
         let without = first
-            .exchange_ucx(&*store, "ucx", Ok(&[9]), &[1], Duration::from_secs(10))
+            .exchange_ucx(
+                &*store,
+                "ucx",
+                Ok(&[vec![9]]),
+                &[1],
+                Duration::from_secs(10),
+            )
             .unwrap();
         assert!(without.is_empty());
-        assert_eq!(first.ucx.get(&1), Some(&vec![1, 2, 0xff]));
+        assert_eq!(first.ucx.get(&1), Some(&vec![vec![1, 2, 0xff], vec![3]]));
         let (second, reasons) = other.join().unwrap();
         third.join().unwrap();
-        assert_eq!(second.ucx.get(&0), Some(&vec![9]));
+        assert_eq!(second.ucx.get(&0), Some(&vec![vec![9]]));
         assert!(!second.ucx.contains_key(&2));
         assert_eq!(reasons, vec![(2, "no libucp".to_string())]);
         // A garbled address is refused, not half-read.
@@ -630,7 +646,7 @@ mod tests {
             .set(&Session::ucx_key("ucx", &first.epoch, 1), b"xu1 zz")
             .unwrap();
         let err = first
-            .exchange_ucx(&*store, "ucx", Ok(&[9]), &[1], Duration::from_secs(1))
+            .exchange_ucx(&*store, "ucx", Ok(&[vec![9]]), &[1], Duration::from_secs(1))
             .unwrap_err();
         assert_eq!(err.code, crate::status::Code::DataLoss);
     }

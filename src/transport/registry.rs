@@ -1,21 +1,70 @@
 //! `DestinationRegistry`: the receive destinations a network transport (the
 //! TCP server, UCX) may write, by the descriptor's auth token. A token is
-//! single-use: the first sender accepted claims (removes) it, so a second or
-//! replayed sender is refused instead of writing a destination that may
-//! already be published. Memory stays valid while a write is in flight
-//! because the writer holds its own `Arc` clone.
+//! single-use: the first sender accepted claims it, so a second or replayed
+//! sender is refused instead of writing a destination that may already be
+//! published. A sender may claim a destination in parts (UCX stripes a large
+//! buffer over several connections): then the token takes exactly that many
+//! parts, each once. Memory stays valid while a write is in flight because
+//! the writer holds its own `Arc` clone.
+//!
+//! A destination whose completion key this process holds itself (the peer
+//! store keeps each key with the process that reads it) may be registered
+//! with that key's name: a sender that writes it whole may then carry the
+//! receipt in the same message, and the transport applies it once the bytes
+//! are in (UCX, `transport/ucx/`).
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::status::{self, Result};
+use crate::status::{self, Code, Result, Status};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
 
+enum Entry {
+    /// Registered, no sender yet; with the name of its completion key when
+    /// this process holds it.
+    Open(Arc<dyn WritableDestination>, Option<String>),
+    /// Claimed by a sender writing it in `parts` parts; `seen` has one bit
+    /// per part already taken.
+    Parts {
+        destination: Arc<dyn WritableDestination>,
+        parts: u16,
+        seen: u64,
+        landing: Option<Arc<Landing>>,
+    },
+}
+
+/// The parts of a destination still to land, and the completion key that a
+/// receipt sent with them sets once the last one has.
+pub struct Landing {
+    pub completion_key: String,
+    remaining: std::sync::atomic::AtomicU16,
+}
+
+impl Landing {
+    /// One part's bytes are in; true for the last of them.
+    pub fn part_landed(&self) -> bool {
+        self.remaining
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+    }
+}
+
+/// The most parts one destination may be written in.
+pub const MAX_PARTS: u16 = 64;
+
+/// What a sender's claim of (part of) a destination gets.
+pub struct Claimed {
+    pub destination: Arc<dyn WritableDestination>,
+    /// For a destination registered with its completion key: shared by
+    /// its parts, so that the receipt is applied once every part landed.
+    pub landing: Option<Arc<Landing>>,
+}
+
 #[derive(Default)]
 pub struct DestinationRegistry {
-    destinations: Mutex<HashMap<AuthToken, Arc<dyn WritableDestination>>>,
+    destinations: Mutex<HashMap<AuthToken, Entry>>,
 }
 
 impl DestinationRegistry {
@@ -30,13 +79,23 @@ impl DestinationRegistry {
         token: AuthToken,
         destination: Arc<dyn WritableDestination>,
     ) -> Result<()> {
+        self.register_with_key(token, destination, None)
+    }
+
+    /// `register`, naming the completion key this process holds for it.
+    pub fn register_with_key(
+        &self,
+        token: AuthToken,
+        destination: Arc<dyn WritableDestination>,
+        completion_key: Option<String>,
+    ) -> Result<()> {
         let mut destinations = self.destinations.lock();
         if destinations.contains_key(&token) {
             return Err(status::already_exists(
                 "a destination is already registered under this auth token",
             ));
         }
-        destinations.insert(token, destination);
+        destinations.insert(token, Entry::Open(destination, completion_key));
         Ok(())
     }
 
@@ -44,27 +103,211 @@ impl DestinationRegistry {
     /// `None` when a sender already claimed it (a write may be in progress
     /// and finishes into the still valid memory) or it was never registered.
     pub fn unregister(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
-        self.destinations.lock().remove(token)
+        match self.destinations.lock().remove(token)? {
+            Entry::Open(destination, _) => Some(destination),
+            Entry::Parts { .. } => None,
+        }
     }
 
-    /// Takes the destination for the sender presenting `token`.
+    /// Takes the whole destination for the sender presenting `token`.
     pub fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
         // `AuthToken`'s equality is the constant-time compare, and the map's
         // hasher is randomly keyed, so lookup timing reveals nothing useful
         // about registered tokens.
-        self.destinations.lock().remove(token)
+        let mut destinations = self.destinations.lock();
+        match destinations.remove(token)? {
+            Entry::Open(destination, _) => Some(destination),
+            parts @ Entry::Parts { .. } => {
+                destinations.insert(*token, parts);
+                None
+            }
+        }
+    }
+
+    /// Takes part `part` of `parts` (`length` bytes at `offset`) of the
+    /// destination registered under `token`. UNAUTHENTICATED for an unknown
+    /// or used-up token, a part already taken or a different part count;
+    /// OUT_OF_RANGE (nothing claimed) for a range outside the destination.
+    pub fn claim_part(
+        &self,
+        token: &AuthToken,
+        part: u16,
+        parts: u16,
+        offset: u64,
+        length: u64,
+    ) -> Result<Claimed> {
+        let refused = || {
+            status::unauthenticated(
+                "no destination is registered for this auth token (unknown, or the receive already \
+                 completed or was cancelled)",
+            )
+        };
+        if parts == 0 || parts > MAX_PARTS || part >= parts {
+            return Err(status::invalid_argument(format!(
+                "part {part} of {parts}: a destination is written in 1..={MAX_PARTS} parts"
+            )));
+        }
+        let mut destinations = self.destinations.lock();
+        let entry = destinations.get_mut(token).ok_or_else(refused)?;
+        let destination = match entry {
+            Entry::Open(destination, _) => destination.clone(),
+            Entry::Parts {
+                destination,
+                parts: claimed,
+                seen,
+                ..
+            } => {
+                if *claimed != parts || *seen & (1 << part) != 0 {
+                    return Err(refused());
+                }
+                destination.clone()
+            }
+        };
+        let fits = offset
+            .checked_add(length)
+            .is_some_and(|end| end <= destination.len() as u64);
+        if !fits {
+            return Err(Status::new(
+                Code::OutOfRange,
+                format!(
+                    "{length} bytes at offset {offset} do not fit the {}-byte destination",
+                    destination.len()
+                ),
+            ));
+        }
+        let all = if parts == 64 {
+            u64::MAX
+        } else {
+            (1u64 << parts) - 1
+        };
+        let (seen, landing) = match entry {
+            Entry::Open(_, key) => (
+                1 << part,
+                key.take().map(|completion_key| {
+                    Arc::new(Landing {
+                        completion_key,
+                        remaining: std::sync::atomic::AtomicU16::new(parts),
+                    })
+                }),
+            ),
+            Entry::Parts { seen, landing, .. } => (*seen | (1 << part), landing.clone()),
+        };
+        if seen == all {
+            destinations.remove(token);
+        } else {
+            *entry = Entry::Parts {
+                destination: destination.clone(),
+                parts,
+                seen,
+                landing: landing.clone(),
+            };
+        }
+        Ok(Claimed {
+            destination,
+            landing,
+        })
     }
 
     /// Puts back a destination claimed by a request that wrote nothing.
     pub fn restore(&self, token: AuthToken, destination: Arc<dyn WritableDestination>) {
-        self.destinations.lock().insert(token, destination);
+        self.destinations
+            .lock()
+            .insert(token, Entry::Open(destination, None));
     }
 
+    /// Destinations registered or partly claimed.
     pub fn len(&self) -> usize {
         self.destinations.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::destination::HeapDestination;
+
+    #[test]
+    fn a_destination_is_taken_once_whole_or_once_per_part() {
+        let registry = DestinationRegistry::new();
+        let token = AuthToken::generate().unwrap();
+        registry
+            .register(token, Arc::new(HeapDestination::new(100)))
+            .unwrap();
+        let outside = registry.claim_part(&token, 0, 2, 60, 50).err().unwrap();
+        assert_eq!(outside.code, Code::OutOfRange);
+        registry.claim_part(&token, 1, 2, 50, 50).unwrap();
+        // Partly claimed: no whole claim, no second part 1, no other count.
+        assert!(registry.claim(&token).is_none());
+        let again = registry.claim_part(&token, 1, 2, 50, 50).err().unwrap();
+        assert_eq!(again.code, Code::Unauthenticated);
+        assert!(registry.claim_part(&token, 0, 3, 0, 50).is_err());
+        // A receive that ends now finds it claimed (its memory may be written).
+        assert_eq!(registry.len(), 1);
+        registry.claim_part(&token, 0, 2, 0, 50).unwrap();
+        assert!(
+            registry.is_empty(),
+            "every part taken: the token is used up"
+        );
+        assert!(registry.claim_part(&token, 0, 2, 0, 50).is_err());
+
+        let whole = AuthToken::generate().unwrap();
+        registry
+            .register(whole, Arc::new(HeapDestination::new(8)))
+            .unwrap();
+        registry.claim_part(&whole, 0, 2, 0, 4).unwrap();
+        assert!(
+            registry.unregister(&whole).is_none(),
+            "a partly claimed destination is not unclaimed"
+        );
+        assert!(registry.is_empty());
+        assert!(registry.claim_part(&whole, 1, 2, 4, 4).is_err());
+        assert!(registry.claim_part(&whole, 5, 2, 0, 4).is_err());
+    }
+
+    #[test]
+    fn the_parts_share_one_landing_whose_last_part_applies_the_receipt() {
+        let registry = DestinationRegistry::new();
+        let (one, two, bare) = (
+            AuthToken::generate().unwrap(),
+            AuthToken::generate().unwrap(),
+            AuthToken::generate().unwrap(),
+        );
+        for token in [one, two] {
+            registry
+                .register_with_key(token, Arc::new(HeapDestination::new(8)), Some("k".into()))
+                .unwrap();
+        }
+        registry
+            .register(bare, Arc::new(HeapDestination::new(8)))
+            .unwrap();
+        let whole = registry
+            .claim_part(&one, 0, 1, 0, 8)
+            .unwrap()
+            .landing
+            .unwrap();
+        assert_eq!(whole.completion_key, "k");
+        assert!(whole.part_landed());
+        let first = registry
+            .claim_part(&two, 1, 2, 4, 4)
+            .unwrap()
+            .landing
+            .unwrap();
+        let last = registry
+            .claim_part(&two, 0, 2, 0, 4)
+            .unwrap()
+            .landing
+            .unwrap();
+        assert!(Arc::ptr_eq(&first, &last));
+        assert!(!last.part_landed(), "one part is still on its way");
+        assert!(first.part_landed());
+        assert!(registry
+            .claim_part(&bare, 0, 1, 0, 8)
+            .unwrap()
+            .landing
+            .is_none());
     }
 }

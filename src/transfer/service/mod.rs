@@ -52,6 +52,10 @@ pub struct TransferConfig {
     pub shm_pool_bytes: usize,
     /// Bound on the bytes this client's received host buffers hold at once.
     pub max_receive_bytes: u64,
+    /// Each completion key lives in the process that reads it (the peer
+    /// store): a UCX sender may then send the receipt with the bytes, for
+    /// the receiver to apply once they are in.
+    pub completion_keys_local: bool,
 }
 
 /// Copy threads: half the cores. A single memcpy stream already runs near
@@ -84,6 +88,7 @@ impl Default for TransferConfig {
             worker_threads: 4,
             shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
             max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
+            completion_keys_local: false,
         }
     }
 }
@@ -245,15 +250,6 @@ impl TransferService {
                 retire_keys: true,
             },
         );
-        if let Some(ucx) = &ucx {
-            let mut peers: HashMap<u32, Vec<u8>> = session
-                .ucx
-                .iter()
-                .map(|(process, address)| (*process as u32, address.clone()))
-                .collect();
-            peers.insert(session.process_index as u32, ucx.address().to_vec());
-            ucx.set_peers(peers);
-        }
         Arc::new(TransferService {
             store,
             tracker,

@@ -151,6 +151,7 @@ impl TransferService {
                         allocation: AllocationHandle::Tcp {
                             endpoint: self.tcp_endpoint(server),
                         },
+                        completion_key: None,
                     }
                 }
                 Route::Ucx => HostRoute::Network {
@@ -159,6 +160,12 @@ impl TransferService {
                     allocation: AllocationHandle::Ucx {
                         process: self.session.process_index as u32,
                     },
+                    // The sender may send the receipt with the bytes: this
+                    // process holds the key it sets.
+                    completion_key: self
+                        .config
+                        .completion_keys_local
+                        .then(|| key.as_str().to_string()),
                 },
             };
             Destination::Host(HostDestination::open(

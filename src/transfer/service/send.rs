@@ -185,6 +185,14 @@ impl TransferService {
         };
         crate::timeline!("send to {}: UCX send starts", descriptor.completion_key);
         kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
+        // With the key held by the receiver, the receipt goes with the bytes
+        // and is applied there once they are in: no second trip.
+        let receipt = self.config.completion_keys_local.then(|| {
+            Receipt::Ok {
+                nonce: descriptor.nonce,
+            }
+            .encode()
+        });
         let service = self.clone();
         let token = descriptor.auth_token;
         let offset = descriptor.offset;
@@ -193,19 +201,37 @@ impl TransferService {
             token,
             offset,
             payload,
+            receipt,
             self.config.send_timeout,
-            Box::new(move |outcome| {
-                let copied = match outcome {
-                    Ok(()) => Ok(None),
-                    // The receiver refused the token: another sender took
-                    // the destination, or the receive is over.
-                    Err(e) if e.code == Code::Unauthenticated => Err(CopyError::Refused(e)),
-                    Err(e) => Err(CopyError::Failed(Status::new(
+            Box::new(move |outcome| match outcome {
+                Ok(delivered) if delivered.receipt_applied => {
+                    let bytes = source.spec.byte_size as u64;
+                    service.metrics.add_bytes_sent(bytes);
+                    service.metrics.sent_over(ByteRoute::Ucx, bytes);
+                    crate::timeline!(
+                        "send to {}: delivered with its receipt",
+                        descriptor.completion_key
+                    );
+                    kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
+                    promise.set(Ok(()));
+                }
+                Ok(_) => service.finish_send(&source, &descriptor, Ok(None), promise, function),
+                // The receiver refused the token: another sender took the
+                // destination, or the receive is over.
+                Err(e) if e.code == Code::Unauthenticated => service.finish_send(
+                    &source,
+                    &descriptor,
+                    Err(CopyError::Refused(e)),
+                    promise,
+                    function,
+                ),
+                Err(e) => {
+                    let failed = CopyError::Failed(Status::new(
                         e.code,
                         format!("{function}: {}", e.message),
-                    ))),
-                };
-                service.finish_send(&source, &descriptor, copied, promise, function);
+                    ));
+                    service.finish_send(&source, &descriptor, Err(failed), promise, function)
+                }
             }),
         );
     }

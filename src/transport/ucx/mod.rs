@@ -46,11 +46,15 @@
 //! store protects the data plane.
 mod library;
 pub mod sys;
+mod transfer;
+mod transport;
 mod wire;
 mod worker;
 
 pub use library::{load, LoadedUcx, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV};
-pub use worker::{lane_transports, Payload, SendDone, UcxTransport};
+pub use transfer::{Delivered, Payload, SendDone};
+pub use transport::UcxTransport;
+pub use worker::{lane_transports, ReceiptSink};
 
 #[cfg(test)]
 mod tests;

@@ -263,6 +263,8 @@ pub struct UcpApi {
         unsafe extern "C" fn(ucp_worker_h, *const ucp_ep_params_t, *mut ucp_ep_h) -> ucs_status_t,
     pub ep_close_nbx:
         unsafe extern "C" fn(ucp_ep_h, *const ucp_request_param_t) -> ucs_status_ptr_t,
+    pub ep_flush_nbx:
+        unsafe extern "C" fn(ucp_ep_h, *const ucp_request_param_t) -> ucs_status_ptr_t,
     pub ep_print_info: unsafe extern "C" fn(ucp_ep_h, *mut libc::FILE),
     pub am_send_nbx: unsafe extern "C" fn(
         ucp_ep_h,
@@ -321,6 +323,7 @@ impl UcpApi {
             worker_set_am_recv_handler: get!("ucp_worker_set_am_recv_handler"),
             ep_create: get!("ucp_ep_create"),
             ep_close_nbx: get!("ucp_ep_close_nbx"),
+            ep_flush_nbx: get!("ucp_ep_flush_nbx"),
             ep_print_info: get!("ucp_ep_print_info"),
             am_send_nbx: get!("ucp_am_send_nbx"),
             am_recv_data_nbx: get!("ucp_am_recv_data_nbx"),

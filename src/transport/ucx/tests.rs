@@ -21,22 +21,37 @@ fn pair() -> Option<(UcxTransport, UcxTransport)> {
             return None;
         }
     };
-    let a = UcxTransport::start(&loaded, 0).unwrap();
-    let b = UcxTransport::start(&loaded, 1).unwrap();
-    let peers: HashMap<u32, Vec<u8>> =
-        HashMap::from([(0, a.address().to_vec()), (1, b.address().to_vec())]);
-    a.set_peers(peers.clone());
-    b.set_peers(peers);
+    // Unequal worker counts: worker k talks to the peer's worker k mod its count.
+    let a = UcxTransport::with_workers(&loaded, 0, 2).unwrap();
+    let b = UcxTransport::with_workers(&loaded, 1, 3).unwrap();
+    let peers: HashMap<u32, Vec<Vec<u8>>> = HashMap::from([(0, a.addresses()), (1, b.addresses())]);
+    a.set_peers(&peers);
+    b.set_peers(&peers);
+    // Wired up while both are alive, as a client does at creation.
+    a.connect(WAIT).unwrap();
+    b.connect(WAIT).unwrap();
     Some((a, b))
 }
 
 fn send(from: &UcxTransport, to: u32, token: AuthToken, offset: u64, bytes: Vec<u8>) -> Result<()> {
+    send_with(from, to, token, offset, bytes, None).map(|_| ())
+}
+
+fn send_with(
+    from: &UcxTransport,
+    to: u32,
+    token: AuthToken,
+    offset: u64,
+    bytes: Vec<u8>,
+    receipt: Option<Vec<u8>>,
+) -> Result<Delivered> {
     let (tx, rx) = crossbeam_channel::bounded(1);
     from.send(
         to,
         token,
         offset,
         Payload::owned(bytes),
+        receipt,
         WAIT,
         Box::new(move |outcome| {
             let _ = tx.send(outcome);
@@ -55,7 +70,13 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn bytes_land_at_their_offset_eager_and_rendezvous_and_the_token_is_single_use() {
     let Some((a, b)) = pair() else { return };
-    for (len, offset) in [(0usize, 0u64), (17, 5), (4096, 0), (8 << 20, 64)] {
+    for (len, offset) in [
+        (0usize, 0u64),
+        (17, 5),
+        (4096, 0),
+        (8 << 20, 64),
+        ((13 << 20) + 7, 3),
+    ] {
         let destination = Arc::new(HeapDestination::new(len + offset as usize + 3));
         let token = AuthToken::generate().unwrap();
         b.registry().register(token, destination.clone()).unwrap();
@@ -85,6 +106,54 @@ fn bytes_land_at_their_offset_eager_and_rendezvous_and_the_token_is_single_use()
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(a.sends_held(), 0);
+}
+
+#[test]
+fn a_receipt_sent_with_the_bytes_sets_the_key_the_receiver_holds_after_they_are_in() {
+    let Some((a, b)) = pair() else { return };
+    let (tx, rx) = crossbeam_channel::unbounded::<(String, Vec<u8>, Vec<u8>)>();
+    let watched = Arc::new(parking_lot::Mutex::new(None::<Arc<HeapDestination>>));
+    let seen = watched.clone();
+    b.set_receipt_sink(Arc::new(move |key: &str, value: &[u8]| {
+        // What the destination holds when the receipt is applied.
+        let bytes = seen.lock().as_ref().map(|d| d.to_vec()).unwrap_or_default();
+        tx.send((key.to_string(), value.to_vec(), bytes)).unwrap();
+        Ok(())
+    }));
+    for len in [64usize, 1 << 20, 9 << 20] {
+        let destination = Arc::new(HeapDestination::new(len));
+        *watched.lock() = Some(destination.clone());
+        let token = AuthToken::generate().unwrap();
+        b.registry()
+            .register_with_key(token, destination.clone(), Some("crosshost/recv/k".into()))
+            .unwrap();
+        let bytes = pattern(len, 3);
+        let delivered = send_with(&a, 1, token, 0, bytes.clone(), Some(b"xr1 ok 7".to_vec()));
+        assert_eq!(
+            delivered.unwrap(),
+            Delivered {
+                receipt_applied: true
+            }
+        );
+        let (key, value, landed) = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!(
+            (key.as_str(), value.as_slice()),
+            ("crosshost/recv/k", &b"xr1 ok 7"[..])
+        );
+        assert_eq!(
+            landed, bytes,
+            "the receipt is applied only once every byte is in"
+        );
+    }
+    // A destination registered without its key: the receipt is not applied
+    // there, and the sender hears so (it sets the key itself).
+    let token = AuthToken::generate().unwrap();
+    b.registry()
+        .register(token, Arc::new(HeapDestination::new(8)))
+        .unwrap();
+    let delivered = send_with(&a, 1, token, 0, vec![1; 8], Some(b"xr1 ok 8".to_vec())).unwrap();
+    assert!(!delivered.receipt_applied);
+    assert!(rx.try_recv().is_err());
 }
 
 #[test]
@@ -137,6 +206,7 @@ fn a_destroyed_transport_answers_every_send() {
             AuthToken::generate().unwrap(),
             0,
             Payload::owned(vec![0; 4096]),
+            None,
             WAIT,
             Box::new(move |outcome| {
                 let _ = tx.send(outcome);

@@ -2,14 +2,21 @@
 //! little-endian).
 //!
 //! DATA (AM id `AM_DATA`), sender to receiver; the payload is the bytes:
-//! magic `"PXU1"`, flags u32 (0), auth token (32 bytes), offset u64, length
-//! u64 (= the payload's length), request id u64, sender's process index u32,
-//! reserved u32 (0). 72 bytes.
+//! magic `"PXU1"`, part u16 and parts u16 (a large buffer is striped over
+//! several connections, one part each; 0 of 1 otherwise), auth token (32
+//! bytes), offset u64 (of this part in the destination), length u64 (= the
+//! payload's length), request id u64, sender's process index u32, index of
+//! the sender's worker u16 (the ACK goes back to it), receipt length u16;
+//! then that many bytes of receipt (at most `MAX_RECEIPT_LEN`): the value
+//! the sender sets the completion key to, carried with the bytes when the
+//! receiver holds the key itself (applied once every byte is in, before the
+//! ACK). 72 bytes plus the receipt.
 //!
 //! ACK (AM id `AM_ACK`), receiver to sender, once the bytes are in the
 //! destination or the request was refused: magic `"PXUA"`, code u32 (0 =
-//! OK, else a `PJRT_Error_Code`), request id u64, the request's auth token
-//! (32 bytes: the ACK is only believed by the sender that holds it, so a
+//! OK, else a `PJRT_Error_Code`), flags u32 (bit 0: the receipt the DATA
+//! carried was applied), request id u64, the request's auth token (32
+//! bytes: the ACK is only believed by the sender that holds it, so a
 //! stranger who can reach the UCX port cannot complete someone's send),
 //! message length u32 (at most 4096); the UTF-8 message is the payload.
 use crate::status::{self, Code, Result, Status};
@@ -21,34 +28,53 @@ pub const AM_ACK: u32 = 2;
 pub const DATA_MAGIC: [u8; 4] = *b"PXU1";
 pub const ACK_MAGIC: [u8; 4] = *b"PXUA";
 pub const DATA_HEADER_LEN: usize = 4 + 4 + AUTH_TOKEN_LEN + 8 + 8 + 8 + 4 + 4;
-pub const ACK_HEADER_LEN: usize = 4 + 4 + 8 + AUTH_TOKEN_LEN + 4;
+/// The longest receipt a DATA header may carry.
+pub const MAX_RECEIPT_LEN: usize = 1024;
+pub const ACK_HEADER_LEN: usize = 4 + 4 + 4 + 8 + AUTH_TOKEN_LEN + 4;
+const ACK_RECEIPT_APPLIED: u32 = 1;
 pub const MAX_ACK_MESSAGE_LEN: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataHeader {
+    pub part: u16,
+    pub parts: u16,
     pub token: AuthToken,
     pub offset: u64,
     pub length: u64,
     pub request: u64,
     pub sender: u32,
+    pub sender_worker: u16,
+    /// Empty, or the receipt to apply once the bytes are in.
+    pub receipt: Vec<u8>,
 }
 
 impl DataHeader {
-    pub fn encode(&self) -> [u8; DATA_HEADER_LEN] {
-        let mut out = [0u8; DATA_HEADER_LEN];
+    /// Panics if the receipt is longer than `MAX_RECEIPT_LEN` (ours never is).
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.receipt.len() <= MAX_RECEIPT_LEN, "receipt too long");
+        let mut out = vec![0u8; DATA_HEADER_LEN];
         out[0..4].copy_from_slice(&DATA_MAGIC);
+        out[4..6].copy_from_slice(&self.part.to_le_bytes());
+        out[6..8].copy_from_slice(&self.parts.to_le_bytes());
         out[8..40].copy_from_slice(self.token.as_bytes());
         out[40..48].copy_from_slice(&self.offset.to_le_bytes());
         out[48..56].copy_from_slice(&self.length.to_le_bytes());
         out[56..64].copy_from_slice(&self.request.to_le_bytes());
         out[64..68].copy_from_slice(&self.sender.to_le_bytes());
+        out[68..70].copy_from_slice(&self.sender_worker.to_le_bytes());
+        out[70..72].copy_from_slice(&(self.receipt.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.receipt);
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<DataHeader> {
-        if bytes.len() != DATA_HEADER_LEN {
+        let receipt_len = bytes
+            .get(70..72)
+            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize);
+        if receipt_len > MAX_RECEIPT_LEN || bytes.len() != DATA_HEADER_LEN + receipt_len {
             return Err(status::invalid_argument(format!(
-                "UCX transfer header is {} bytes, expected {DATA_HEADER_LEN}",
+                "UCX transfer header is {} bytes, expected {DATA_HEADER_LEN} and a receipt of at most \
+                 {MAX_RECEIPT_LEN}",
                 bytes.len()
             )));
         }
@@ -57,18 +83,24 @@ impl DataHeader {
                 "not a crosshost UCX transfer header (bad magic)",
             ));
         }
-        if bytes[4..8] != [0; 4] || bytes[68..72] != [0; 4] {
-            return Err(status::invalid_argument(
-                "UCX transfer header has reserved bits set",
-            ));
+        let part = u16::from_le_bytes([bytes[4], bytes[5]]);
+        let parts = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if part >= parts {
+            return Err(status::invalid_argument(format!(
+                "UCX transfer header names part {part} of {parts}"
+            )));
         }
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
         Ok(DataHeader {
+            part,
+            parts,
             token: AuthToken::from_bytes(bytes[8..40].try_into().expect("32 bytes")),
             offset: u64_at(40),
             length: u64_at(48),
             request: u64_at(56),
             sender: u32::from_le_bytes(bytes[64..68].try_into().expect("4")),
+            sender_worker: u16::from_le_bytes([bytes[68], bytes[69]]),
+            receipt: bytes[DATA_HEADER_LEN..].to_vec(),
         })
     }
 }
@@ -79,6 +111,8 @@ pub struct Ack {
     pub request: u64,
     pub token: AuthToken,
     pub outcome: Result<()>,
+    /// The receipt carried with the bytes set the completion key.
+    pub receipt_applied: bool,
 }
 
 impl Ack {
@@ -88,12 +122,18 @@ impl Ack {
             Ok(()) => (0u32, String::new()),
             Err(e) => (e.code as u32, within_limit(&e.message).to_string()),
         };
+        let flags = if self.receipt_applied {
+            ACK_RECEIPT_APPLIED
+        } else {
+            0
+        };
         let mut header = [0u8; ACK_HEADER_LEN];
         header[0..4].copy_from_slice(&ACK_MAGIC);
         header[4..8].copy_from_slice(&code.to_le_bytes());
-        header[8..16].copy_from_slice(&self.request.to_le_bytes());
-        header[16..48].copy_from_slice(self.token.as_bytes());
-        header[48..52].copy_from_slice(&(message.len() as u32).to_le_bytes());
+        header[8..12].copy_from_slice(&flags.to_le_bytes());
+        header[12..20].copy_from_slice(&self.request.to_le_bytes());
+        header[20..52].copy_from_slice(self.token.as_bytes());
+        header[52..56].copy_from_slice(&(message.len() as u32).to_le_bytes());
         (header, message.into_bytes())
     }
 
@@ -103,10 +143,17 @@ impl Ack {
                 "not a crosshost UCX acknowledgement",
             ));
         }
-        let code = u32::from_le_bytes(header[4..8].try_into().expect("4"));
-        let request = u64::from_le_bytes(header[8..16].try_into().expect("8"));
-        let token = AuthToken::from_bytes(header[16..48].try_into().expect("32 bytes"));
-        let message_len = u32::from_le_bytes(header[48..52].try_into().expect("4")) as usize;
+        let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
+        let code = u32_at(4);
+        let flags = u32_at(8);
+        let request = u64::from_le_bytes(header[12..20].try_into().expect("8"));
+        let token = AuthToken::from_bytes(header[20..52].try_into().expect("32 bytes"));
+        let message_len = u32_at(52) as usize;
+        if flags & !ACK_RECEIPT_APPLIED != 0 {
+            return Err(status::invalid_argument(
+                "UCX acknowledgement has unknown flags set",
+            ));
+        }
         if message_len > MAX_ACK_MESSAGE_LEN || message_len != payload.len() {
             return Err(status::invalid_argument(format!(
                 "UCX acknowledgement message of {} bytes (header says {message_len}, limit \
@@ -129,6 +176,7 @@ impl Ack {
         Ok(Ack {
             request,
             token,
+            receipt_applied: flags & ACK_RECEIPT_APPLIED != 0 && outcome.is_ok(),
             outcome,
         })
     }
@@ -149,24 +197,37 @@ mod tests {
     #[test]
     fn data_headers_round_trip_and_foreign_bytes_are_refused() {
         let header = DataHeader {
+            part: 1,
+            parts: 2,
             token: AuthToken::from_bytes([7; AUTH_TOKEN_LEN]),
             offset: 1 << 33,
             length: 4096,
             request: 42,
             sender: 3,
+            sender_worker: 1,
+            receipt: b"xr1 ok 5".to_vec(),
         };
         let bytes = header.encode();
+        assert_eq!(bytes.len(), DATA_HEADER_LEN + 8);
         assert_eq!(DataHeader::decode(&bytes).unwrap(), header);
-        assert!(DataHeader::decode(&bytes[..71]).is_err());
-        let mut reserved = bytes;
-        reserved[70] = 1;
+        assert!(DataHeader::decode(&bytes[..79]).is_err());
+        let mut long = bytes.clone();
+        long[70] = 9;
         assert_eq!(
-            DataHeader::decode(&reserved).unwrap_err().code,
+            DataHeader::decode(&long).unwrap_err().code,
             Code::InvalidArgument
         );
-        let mut magic = bytes;
+        let mut magic = bytes.clone();
         magic[0] = b'G';
         assert!(DataHeader::decode(&magic).is_err());
+        let mut no_part = bytes;
+        no_part[4] = 2;
+        assert!(DataHeader::decode(&no_part).is_err());
+        let bare = DataHeader {
+            receipt: Vec::new(),
+            ..header
+        };
+        assert_eq!(DataHeader::decode(&bare.encode()).unwrap(), bare);
     }
 
     #[test]
@@ -176,6 +237,7 @@ mod tests {
             request: 5,
             token,
             outcome: Ok(()),
+            receipt_applied: true,
         };
         let (header, payload) = ok.encode();
         assert_eq!(Ack::decode(&header, &payload).unwrap(), ok);
@@ -183,6 +245,7 @@ mod tests {
             request: 6,
             token,
             outcome: Err(status::unauthenticated("é".repeat(3000))),
+            receipt_applied: false,
         };
         let (header, payload) = refused.encode();
         let back = Ack::decode(&header, &payload).unwrap();

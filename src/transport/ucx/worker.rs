@@ -1,5 +1,5 @@
-//! `UcxTransport`: one UCP context and worker per client, owned by one
-//! progress thread. UCX runs in its single-thread mode: every UCP call is
+//! `WorkerHandle`: one UCP context and worker, owned by one progress thread
+//! (a client's UCX transport has a few, `transport.rs`). UCX runs in its single-thread mode: every UCP call is
 //! made on that thread; other threads hand it sends through a channel and
 //! wake it through an eventfd. The thread sleeps in poll(2) on the worker's
 //! event fd and that eventfd, waking at least every `IDLE_WAKE` so UCX's
@@ -24,108 +24,52 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::library::LoadedUcx;
 use super::sys::*;
-use super::wire::{Ack, DataHeader, AM_ACK, AM_DATA, DATA_HEADER_LEN};
-use crate::backend::Allocation;
-use crate::status::{self, Code, Result, Status};
+use super::transfer::Transfer;
+use super::wire::{Ack, DataHeader, AM_ACK, AM_DATA};
+use crate::status::{self, Result, Status};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
-use crate::transport::registry::DestinationRegistry;
+use crate::transport::registry::{DestinationRegistry, Landing};
 
 /// Longest sleep of an idle progress thread.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
 /// Bound on closing the endpoints at shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-/// The bytes of one send, kept alive (by `_owner`) until UCX is done
-/// reading them.
-pub struct Payload {
-    pointer: *const u8,
-    len: usize,
-    _owner: Box<dyn Send>,
+/// One part of a buffer for one worker to send (the whole buffer unless it
+/// is striped over several workers).
+pub struct SendPart {
+    pub peer: u32,
+    pub token: AuthToken,
+    pub part: u16,
+    pub parts: u16,
+    /// Where the part goes in the destination.
+    pub offset: u64,
+    pub transfer: Arc<Transfer>,
+    /// The part's range in the transfer's payload.
+    pub start: usize,
+    pub len: usize,
+    pub deadline: Instant,
+    pub timeout: Duration,
+    /// The receipt to carry (a whole buffer whose receiver holds its key).
+    pub receipt: Vec<u8>,
 }
 
-// SAFETY: the pointer is only read, by the progress thread, while the owner
-// (moved along with it) keeps the bytes alive.
-unsafe impl Send for Payload {}
-
-impl Payload {
-    /// Bytes this payload owns.
-    pub fn owned(bytes: Vec<u8>) -> Payload {
-        let bytes = bytes.into_boxed_slice();
-        Payload {
-            pointer: bytes.as_ptr(),
-            len: bytes.len(),
-            _owner: Box::new(bytes),
-        }
-    }
-
-    /// `len` bytes at `pointer`, kept valid and unwritten by `owner`.
-    ///
-    /// # Safety
-    ///
-    /// `pointer` must be readable for `len` bytes, nothing may write them,
-    /// and they must stay mapped for as long as `owner` lives.
-    pub unsafe fn borrowed(owner: Box<dyn Send>, pointer: *const u8, len: usize) -> Payload {
-        Payload {
-            pointer,
-            len,
-            _owner: owner,
-        }
-    }
-
-    /// The first `len` bytes of `memory`: in place where they are host
-    /// memory (the allocation kept alive with them), else copied out.
-    pub fn of_allocation(memory: &Allocation, len: usize) -> Result<Payload> {
-        if memory.len() < len {
-            return Err(status::internal(format!(
-                "a {}-byte source for a {len}-byte send",
-                memory.len()
-            )));
-        }
-        match memory.host_pointer()? {
-            // SAFETY: `host_pointer` promises `len()` readable bytes that
-            // stay valid, and unwritten once defined, while the allocation
-            // lives; the payload owns a clone of it.
-            Some(pointer) => Ok(unsafe {
-                Payload::borrowed(Box::new(memory.clone()), pointer as *const u8, len)
-            }),
-            None => {
-                let mut staged = vec![0u8; len];
-                memory.read(0, &mut staged)?;
-                Ok(Payload::owned(staged))
-            }
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-/// Told the outcome of one send, exactly once.
-pub type SendDone = Box<dyn FnOnce(Result<()>) + Send>;
-
-struct SendOrder {
-    peer: u32,
-    token: AuthToken,
-    offset: u64,
-    payload: Payload,
-    deadline: Instant,
-    timeout: Duration,
-    done: SendDone,
-}
+/// Applies a receipt that came with the bytes: sets `key` (held by this
+/// process) to `value`.
+pub type ReceiptSink = Arc<dyn Fn(&str, &[u8]) -> Result<()> + Send + Sync>;
 
 enum Command {
-    Peers(HashMap<u32, Vec<u8>>),
-    Send(Box<SendOrder>),
+    Peers(HashMap<u32, Vec<Vec<u8>>>),
+    /// Connect to every peer's counterpart now; answer when all are wired
+    /// up (or failed).
+    Connect(Sender<Result<()>>),
+    Send(Box<SendPart>),
     Stop,
 }
 
@@ -136,18 +80,25 @@ enum Event {
         status: ucs_status_t,
     },
     Ack(Ack),
-    /// Bytes landed in a claimed destination (or could not): tell the sender.
+    /// Bytes landed in a claimed destination (or could not): apply the
+    /// receipt they came with, if any, then tell the sender's worker.
     Received {
-        peer: u32,
+        peer: Remote,
         ack: Ack,
+        receipt: Option<(Arc<Landing>, Vec<u8>)>,
     },
     ReceiveCompleted {
         op: *mut ReceiveOp,
         status: ucs_status_t,
     },
     EndpointFailed {
-        peer: u32,
+        peer: Remote,
         ep: ucp_ep_h,
+        status: ucs_status_t,
+    },
+    /// A flush of the endpoint to `peer` (its wireup) completed.
+    Flushed {
+        peer: Remote,
         status: ucs_status_t,
     },
     Dropped(String),
@@ -164,6 +115,7 @@ struct Callbacks {
     /// at shutdown once the worker is gone).
     receiving: RefCell<HashSet<usize>>,
     rejected: Arc<AtomicU64>,
+    sink: Arc<OnceCell<ReceiptSink>>,
 }
 
 impl Callbacks {
@@ -172,22 +124,31 @@ impl Callbacks {
     }
 }
 
+/// A worker of another process: (process, worker index).
+type Remote = (u32, u16);
+
 /// A rendezvous receive into a claimed destination.
 struct ReceiveOp {
     callbacks: *const Callbacks,
     _destination: Arc<dyn WritableDestination>,
-    peer: u32,
+    peer: Remote,
     request: u64,
     token: AuthToken,
+    receipt: Option<(Arc<Landing>, Vec<u8>)>,
 }
 
-/// One send: its header and bytes stay here until UCX is done with them.
+/// One part of a send (the whole buffer unless striped): its header stays
+/// here, and its transfer's bytes, until UCX is done with them.
 struct SendOp {
     peer: u32,
     token: AuthToken,
-    header: [u8; DATA_HEADER_LEN],
-    payload: Payload,
-    done: Option<SendDone>,
+    header: Vec<u8>,
+    transfer: Arc<Transfer>,
+    /// The part's range in the payload.
+    start: usize,
+    len: usize,
+    /// Acknowledged, failed or expired: nothing more to tell.
+    answered: bool,
     ucx_done: bool,
     deadline: Instant,
     timeout: Duration,
@@ -196,12 +157,25 @@ struct SendOp {
 /// Tells the endpoint's error handler whose endpoint it is.
 struct EndpointTag {
     callbacks: *const Callbacks,
-    peer: u32,
+    peer: Remote,
 }
 
 struct Peer {
     address: Vec<u8>,
+    /// Created on first use.
     ep: Option<ucp_ep_h>,
+    /// Why its endpoint failed: no new one is made (the peer is gone, and
+    /// UCX 1.13 aborts the process when a connection fails while its wireup
+    /// messages are pending, so a dead peer is never dialled again).
+    failed: Option<String>,
+}
+
+/// A `Connect` in progress: the flushes still out, the first failure, and
+/// who waits.
+struct Connecting {
+    remaining: usize,
+    failure: Option<Status>,
+    reply: Sender<Result<()>>,
 }
 
 /// Transport names of each peer's endpoint lanes (e.g. `tcp/eth0`), as UCX
@@ -231,28 +205,26 @@ impl Handle {
     }
 }
 
-/// The UCX data plane of one client.
-pub struct UcxTransport {
+/// One worker of a client's UCX transport (`transport.rs` holds them all).
+pub struct WorkerHandle {
     handle: Arc<Handle>,
     address: Vec<u8>,
-    registry: Arc<DestinationRegistry>,
     lanes: Lanes,
     rejected: Arc<AtomicU64>,
     held: Arc<AtomicUsize>,
-    version: String,
 }
 
-impl std::fmt::Debug for UcxTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "UcxTransport(UCX {})", self.version)
-    }
-}
-
-impl UcxTransport {
-    /// Creates the context and worker on a new progress thread; this process
-    /// is `me` among the job's processes. The worker's address is known on
-    /// return.
-    pub fn start(ucx: &LoadedUcx, me: u32) -> Result<UcxTransport> {
+impl WorkerHandle {
+    /// Creates a context and a worker on a new progress thread; this process
+    /// is `me` among the job's processes, and DATA messages write the
+    /// destinations of `registry`. The worker's address is known on return.
+    pub fn start(
+        ucx: &LoadedUcx,
+        me: u32,
+        index: u16,
+        registry: Arc<DestinationRegistry>,
+        sink: Arc<OnceCell<ReceiptSink>>,
+    ) -> Result<WorkerHandle> {
         let (commands, orders) = crossbeam_channel::unbounded();
         // SAFETY: eventfd with valid flags; the result is checked.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -265,25 +237,24 @@ impl UcxTransport {
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(raw) };
         let wake_fd = wake.as_raw_fd();
-        let registry = DestinationRegistry::new();
         let lanes: Lanes = Arc::default();
         let held: Arc<AtomicUsize> = Arc::default();
         let thread_held = held.clone();
         let (ready, started) = crossbeam_channel::bounded(1);
         let api = ucx.api.clone();
-        let thread_registry = registry.clone();
         let thread_lanes = lanes.clone();
         let thread = std::thread::Builder::new()
             .name("crosshost-ucx".into())
             .spawn(move || {
-                let setup =
-                    match Worker::create(api, me, thread_registry, thread_lanes, thread_held) {
-                        Ok(worker) => worker,
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return;
-                        }
-                    };
+                let created =
+                    Worker::create(api, (me, index), registry, sink, thread_lanes, thread_held);
+                let setup = match created {
+                    Ok(worker) => worker,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
                 let _ = ready.send(Ok((
                     setup.address.clone(),
                     setup.callbacks.rejected.clone(),
@@ -302,7 +273,7 @@ impl UcxTransport {
                 return Err(status::internal("UCX transport: the progress thread died"));
             }
         };
-        Ok(UcxTransport {
+        Ok(WorkerHandle {
             handle: Arc::new(Handle {
                 commands,
                 wake,
@@ -310,11 +281,9 @@ impl UcxTransport {
                 thread: Mutex::new(Some(thread)),
             }),
             address,
-            registry,
             lanes,
             rejected,
             held,
-            version: ucx.version.clone(),
         })
     }
 
@@ -323,17 +292,8 @@ impl UcxTransport {
         &self.address
     }
 
-    pub fn version(&self) -> &str {
-        &self.version
-    }
-
-    /// The destinations UCX senders may write.
-    pub fn registry(&self) -> &Arc<DestinationRegistry> {
-        &self.registry
-    }
-
-    /// The other processes' worker addresses.
-    pub fn set_peers(&self, peers: HashMap<u32, Vec<u8>>) {
+    /// Every process's worker addresses, in their order.
+    pub fn set_peers(&self, peers: HashMap<u32, Vec<Vec<u8>>>) {
         let _ = self.handle.order(Command::Peers(peers));
     }
 
@@ -342,7 +302,7 @@ impl UcxTransport {
         self.lanes.lock().clone()
     }
 
-    /// Sends whose bytes UCX still holds (answered or not).
+    /// Parts whose bytes UCX still holds (answered or not).
     pub fn sends_held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }
@@ -352,34 +312,27 @@ impl UcxTransport {
         self.rejected.load(Ordering::Relaxed)
     }
 
-    /// Sends `payload` into the destination registered under `token` at
-    /// process `peer`, `offset` bytes in. `done` hears the receiver's verdict
-    /// (OK once the bytes are in the destination), a failure, or
-    /// DEADLINE_EXCEEDED after `timeout`.
-    pub fn send(
-        &self,
-        peer: u32,
-        token: AuthToken,
-        offset: u64,
-        payload: Payload,
-        timeout: Duration,
-        done: SendDone,
-    ) {
-        let order = SendOrder {
-            peer,
-            token,
-            offset,
-            payload,
-            deadline: Instant::now() + timeout,
-            timeout,
-            done,
-        };
+    /// Connects to every peer now (waiting at most `timeout`).
+    pub fn connect(&self, timeout: Duration) -> Result<()> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        if self.handle.order(Command::Connect(reply)).is_err() {
+            return Err(stopped());
+        }
+        answer.recv_timeout(timeout).unwrap_or_else(|_| {
+            Err(status::deadline_exceeded(format!(
+                "UCX transport: connecting to the job's other processes took longer than {timeout:?}"
+            )))
+        })
+    }
+
+    /// Sends one part; its transfer hears how it went.
+    pub fn send_part(&self, part: SendPart) {
         if self.handle.stopping.load(Ordering::Acquire) {
-            (order.done)(Err(stopped()));
+            part.transfer.fail(stopped());
             return;
         }
-        if let Err(Command::Send(order)) = self.handle.order(Command::Send(Box::new(order))) {
-            (order.done)(Err(stopped()));
+        if let Err(Command::Send(part)) = self.handle.order(Command::Send(Box::new(part))) {
+            part.transfer.fail(stopped());
         }
     }
 }
@@ -388,7 +341,7 @@ fn stopped() -> Status {
     status::unavailable("UCX transport: the client is being destroyed")
 }
 
-impl Drop for UcxTransport {
+impl Drop for WorkerHandle {
     fn drop(&mut self) {
         self.handle.stopping.store(true, Ordering::Release);
         let _ = self.handle.order(Command::Stop);
@@ -405,10 +358,14 @@ struct Worker {
     context: ucp_context_h,
     worker: ucp_worker_h,
     efd: RawFd,
-    me: u32,
+    /// This process, and this worker's index among its workers.
+    me: Remote,
     address: Vec<u8>,
     callbacks: Rc<Callbacks>,
-    peers: HashMap<u32, Peer>,
+    peers: HashMap<Remote, Peer>,
+    connecting: Vec<Connecting>,
+    /// Workers of each process.
+    worker_counts: HashMap<u32, u16>,
     sends: HashMap<u64, SendOp>,
     next_request: u64,
     /// Boxed: UCX holds each tag's address for its endpoint's life.
@@ -426,8 +383,9 @@ fn ucx_error(api: &UcpApi, what: &str, status: ucs_status_t) -> Status {
 impl Worker {
     fn create(
         api: Arc<UcpApi>,
-        me: u32,
+        me: Remote,
         registry: Arc<DestinationRegistry>,
+        sink: Arc<OnceCell<ReceiptSink>>,
         lanes: Lanes,
         held: Arc<AtomicUsize>,
     ) -> Result<Worker> {
@@ -517,6 +475,7 @@ impl Worker {
             events: RefCell::new(Vec::new()),
             receiving: RefCell::new(HashSet::new()),
             rejected: Default::default(),
+            sink,
         });
         for (id, cb) in [
             (AM_DATA, on_data as ucp_am_recv_callback_t),
@@ -548,6 +507,8 @@ impl Worker {
             address,
             callbacks,
             peers: HashMap::new(),
+            connecting: Vec::new(),
+            worker_counts: HashMap::new(),
             sends: HashMap::new(),
             next_request: 1,
             tags: Vec::new(),
@@ -563,6 +524,7 @@ impl Worker {
             while let Ok(command) = orders.try_recv() {
                 match command {
                     Command::Peers(peers) => self.set_peers(peers),
+                    Command::Connect(reply) => self.connect_all(reply),
                     Command::Send(order) => self.start_send(*order),
                     Command::Stop => break 'serve,
                 }
@@ -589,6 +551,7 @@ impl Worker {
             let sleep = self
                 .sends
                 .values()
+                .filter(|op| !op.answered)
                 .map(|op| op.deadline.saturating_duration_since(Instant::now()))
                 .min()
                 .unwrap_or(IDLE_WAKE)
@@ -624,7 +587,7 @@ impl Worker {
             match event {
                 Event::SendCompleted { request, status } => self.send_completed(request, status),
                 Event::Ack(ack) => self.acked(ack),
-                Event::Received { peer, ack } => self.send_ack(peer, ack),
+                Event::Received { peer, ack, receipt } => self.landed(peer, ack, receipt),
                 Event::ReceiveCompleted { op, status } => {
                     self.callbacks.receiving.borrow_mut().remove(&(op as usize));
                     // SAFETY: `op` came from Box::into_raw in `on_data`, UCX
@@ -643,40 +606,145 @@ impl Worker {
                         request: op.request,
                         token: op.token,
                         outcome,
+                        receipt_applied: false,
                     };
-                    self.send_ack(op.peer, ack);
+                    self.landed(op.peer, ack, op.receipt);
                 }
                 Event::EndpointFailed { peer, ep, status } => {
                     self.endpoint_failed(peer, ep, status)
                 }
+                Event::Flushed { peer, status } => self.flushed(peer, status),
                 Event::Dropped(why) => log::warn!("UCX transport: {why}"),
             }
         }
         any
     }
 
-    fn set_peers(&mut self, peers: HashMap<u32, Vec<u8>>) {
-        for (process, address) in peers {
-            if process == self.me {
-                continue;
+    fn set_peers(&mut self, peers: HashMap<u32, Vec<Vec<u8>>>) {
+        for (process, addresses) in peers {
+            let count = addresses.len().min(u16::MAX as usize) as u16;
+            self.worker_counts.insert(process, count);
+            for (index, address) in addresses.into_iter().take(count as usize).enumerate() {
+                let remote = (process, index as u16);
+                if remote == self.me {
+                    continue;
+                }
+                self.peers.insert(
+                    remote,
+                    Peer {
+                        address,
+                        ep: None,
+                        failed: None,
+                    },
+                );
             }
-            self.peers.insert(process, Peer { address, ep: None });
         }
     }
 
-    /// The endpoint to `peer`, created on first use.
-    fn endpoint(&mut self, peer: u32) -> Result<ucp_ep_h> {
+    /// Dials every peer's counterpart and flushes the endpoint, which
+    /// completes once its wireup has: afterwards a peer's death finds only
+    /// connected endpoints (see `Peer::failed`).
+    fn connect_all(&mut self, reply: Sender<Result<()>>) {
+        let processes: Vec<u32> = self.worker_counts.keys().copied().collect();
+        let remotes: Vec<Remote> = processes
+            .into_iter()
+            .map(|process| self.counterpart(process))
+            .filter(|remote| *remote != self.me && self.peers.contains_key(remote))
+            .collect();
+        let mut connecting = Connecting {
+            remaining: 0,
+            failure: None,
+            reply,
+        };
+        for remote in remotes {
+            let ep = match self.endpoint(remote) {
+                Ok(ep) => ep,
+                Err(e) => {
+                    connecting.failure.get_or_insert(e);
+                    continue;
+                }
+            };
+            let mut param = ucp_request_param_t::empty();
+            param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+            param.cb.send = Some(on_flushed);
+            param.user_data = remote_to_user_data(remote);
+            // SAFETY: a live endpoint of this worker; the callback frees the
+            // request.
+            let flushing = unsafe { (self.api.ep_flush_nbx)(ep, &param) };
+            if ptr_is_request(flushing) {
+                connecting.remaining += 1;
+            } else if ptr_is_err(flushing) {
+                let error = status::unavailable(format!(
+                    "UCX transport: connecting to process {} failed: {}",
+                    remote.0,
+                    self.api.describe(ptr_status(flushing))
+                ));
+                connecting.failure.get_or_insert(error);
+            }
+        }
+        if connecting.remaining == 0 {
+            let _ = connecting
+                .reply
+                .send(connecting.failure.map_or(Ok(()), Err));
+        } else {
+            self.connecting.push(connecting);
+        }
+    }
+
+    fn flushed(&mut self, peer: Remote, status: ucs_status_t) {
+        let failure = (status != UCS_OK).then(|| {
+            status::unavailable(format!(
+                "UCX transport: connecting to process {} failed: {}",
+                peer.0,
+                self.api.describe(status)
+            ))
+        });
+        // Flushes are answered in the order of the Connects that made them;
+        // the oldest Connect still waiting takes this one.
+        if let Some(connecting) = self.connecting.first_mut() {
+            connecting.remaining -= 1;
+            if let Some(failure) = failure {
+                connecting.failure.get_or_insert(failure);
+            }
+            if connecting.remaining == 0 {
+                let done = self.connecting.remove(0);
+                let _ = done.reply.send(done.failure.map_or(Ok(()), Err));
+            }
+        }
+    }
+
+    /// The worker of `process` this one sends to: the one of the same
+    /// index, wrapped to its count.
+    fn counterpart(&self, process: u32) -> Remote {
+        let count = self
+            .worker_counts
+            .get(&process)
+            .copied()
+            .unwrap_or(1)
+            .max(1);
+        (process, self.me.1 % count)
+    }
+
+    /// The endpoint to worker `peer`, created on first use.
+    fn endpoint(&mut self, peer: Remote) -> Result<ucp_ep_h> {
         let callbacks = Rc::as_ptr(&self.callbacks);
         let Some(state) = self.peers.get_mut(&peer) else {
             return Err(status::failed_precondition(format!(
-                "UCX transport: process {peer} has no UCX worker in this job's session"
+                "UCX transport: process {} has no UCX worker {} in this job's session",
+                peer.0, peer.1
             )));
         };
         if let Some(ep) = state.ep {
             return Ok(ep);
         }
+        if let Some(why) = &state.failed {
+            return Err(status::unavailable(format!(
+                "UCX transport: the connection to process {} failed ({why}); it is not redialled",
+                peer.0
+            )));
+        }
         let tag = Box::new(EndpointTag { callbacks, peer });
-        let name = CString::new(format!("crosshost-to-{peer}")).expect("no NUL");
+        let name = CString::new(format!("crosshost-to-{}.{}", peer.0, peer.1)).expect("no NUL");
         let params = ucp_ep_params_t {
             field_mask: UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
@@ -708,7 +776,8 @@ impl Worker {
         let created = unsafe { (self.api.ep_create)(self.worker, &params, &mut ep) };
         if created != UCS_OK {
             return Err(status::unavailable(format!(
-                "UCX transport: cannot create an endpoint to process {peer}: {}",
+                "UCX transport: cannot create an endpoint to process {}: {}",
+                peer.0,
                 self.api.describe(created)
             )));
         }
@@ -717,19 +786,23 @@ impl Worker {
         Ok(ep)
     }
 
-    fn start_send(&mut self, order: SendOrder) {
+    fn start_send(&mut self, order: SendPart) {
+        let ep = match self.endpoint(self.counterpart(order.peer)) {
+            Ok(ep) => ep,
+            Err(e) => return order.transfer.fail(e),
+        };
         let request = self.next_request;
         self.next_request += 1;
-        let ep = match self.endpoint(order.peer) {
-            Ok(ep) => ep,
-            Err(e) => return (order.done)(Err(e)),
-        };
         let header = DataHeader {
+            part: order.part,
+            parts: order.parts,
             token: order.token,
             offset: order.offset,
-            length: order.payload.len() as u64,
+            length: order.len as u64,
             request,
-            sender: self.me,
+            sender: self.me.0,
+            sender_worker: self.me.1,
+            receipt: order.receipt,
         }
         .encode();
         self.sends.insert(
@@ -738,8 +811,10 @@ impl Worker {
                 peer: order.peer,
                 token: order.token,
                 header,
-                payload: order.payload,
-                done: Some(order.done),
+                transfer: order.transfer,
+                start: order.start,
+                len: order.len,
+                answered: false,
                 ucx_done: false,
                 deadline: order.deadline,
                 timeout: order.timeout,
@@ -754,16 +829,18 @@ impl Worker {
         param.cb.send = Some(on_send_complete);
         param.user_data = request as usize as *mut c_void;
         param.memory_type = UCS_MEMORY_TYPE_HOST;
-        // SAFETY: header and payload live in the op, which stays in `sends`
-        // until UCX reports the request complete; the ep is live.
+        // SAFETY: the header lives in the op and the bytes in its transfer,
+        // both kept until UCX reports the request complete; the part's range
+        // lies inside the payload (`UcxTransport::send` cut it); the ep is
+        // live.
         let sent = unsafe {
             (self.api.am_send_nbx)(
                 ep,
                 AM_DATA,
                 op.header.as_ptr().cast(),
                 op.header.len(),
-                op.payload.pointer.cast(),
-                op.payload.len,
+                op.transfer.payload.as_ptr().add(op.start).cast(),
+                op.len,
                 &param,
             )
         };
@@ -785,15 +862,14 @@ impl Worker {
             return;
         };
         op.ucx_done = true;
-        if status != UCS_OK {
-            let peer = op.peer;
+        if status != UCS_OK && !op.answered {
+            op.answered = true;
             let error = status::unavailable(format!(
-                "UCX send to process {peer} failed: {}",
+                "UCX send to process {} failed: {}",
+                op.peer,
                 self.api.describe(status)
             ));
-            if let Some(done) = op.done.take() {
-                done(Err(error));
-            }
+            op.transfer.fail(error);
         }
         self.release_if_finished(request);
     }
@@ -812,18 +888,22 @@ impl Worker {
             return;
         }
         let peer = op.peer;
-        if let Some(done) = op.done.take() {
-            done(ack.outcome.clone());
+        if !op.answered {
+            op.answered = true;
+            match &ack.outcome {
+                Ok(()) => op.transfer.part_acked(ack.receipt_applied),
+                Err(e) => op.transfer.fail(e.clone()),
+            }
         }
         if ack.outcome.is_ok() && !self.lanes.lock().contains_key(&peer) {
-            self.record_lanes(peer);
+            self.record_lanes(self.counterpart(peer));
         }
         self.release_if_finished(ack.request);
     }
 
     fn release_if_finished(&mut self, request: u64) {
         if let Some(op) = self.sends.get(&request) {
-            if op.ucx_done && op.done.is_none() {
+            if op.ucx_done && op.answered {
                 self.sends.remove(&request);
                 self.held.store(self.sends.len(), Ordering::Release);
             }
@@ -836,65 +916,103 @@ impl Worker {
         let late: Vec<u64> = self
             .sends
             .iter()
-            .filter(|(_, op)| op.done.is_some() && op.deadline <= now)
+            .filter(|(_, op)| !op.answered && op.deadline <= now)
             .map(|(id, _)| *id)
             .collect();
         for request in late {
             let Some(op) = self.sends.get_mut(&request) else {
                 continue;
             };
+            op.answered = true;
             let peer = op.peer;
             let error = status::deadline_exceeded(format!(
                 "UCX transfer to process {peer} did not complete within {:?}",
                 op.timeout
             ));
-            if let Some(done) = op.done.take() {
-                done(Err(error));
-            }
+            op.transfer.fail(error);
             let stuck = !op.ucx_done;
             self.release_if_finished(request);
             if stuck {
-                self.close_endpoint(peer);
+                let remote = self.counterpart(peer);
+                self.close_endpoint(remote, true);
+                if let Some(state) = self.peers.get_mut(&remote) {
+                    state.failed = Some("it stopped answering".into());
+                }
             }
         }
     }
 
-    fn endpoint_failed(&mut self, peer: u32, ep: ucp_ep_h, status: ucs_status_t) {
+    fn endpoint_failed(&mut self, peer: Remote, ep: ucp_ep_h, status: ucs_status_t) {
         log::warn!(
-            "UCX transport: the endpoint to process {peer} failed: {}",
+            "UCX transport: an endpoint to process {} failed: {}",
+            peer.0,
             self.api.describe(status)
         );
         if self.peers.get(&peer).and_then(|p| p.ep) == Some(ep) {
-            self.close_endpoint(peer);
+            let why = self.api.describe(status);
+            self.close_endpoint(peer, true);
+            if let Some(state) = self.peers.get_mut(&peer) {
+                state.failed = Some(why);
+            }
         }
     }
 
-    /// Closes (forcibly) the endpoint to `peer`: its requests complete with
-    /// an error, and the next send creates a new one.
-    fn close_endpoint(&mut self, peer: u32) {
+    /// Closes the endpoint to `peer`, forcibly (its requests complete with
+    /// an error) or after flushing what is in flight.
+    fn close_endpoint(&mut self, peer: Remote, force: bool) {
         let Some(ep) = self.peers.get_mut(&peer).and_then(|p| p.ep.take()) else {
             return;
         };
         let mut param = ucp_request_param_t::empty();
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        param.flags = if force { UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
         // SAFETY: a live endpoint of this worker, closed once (taken above).
         let closing = unsafe { (self.api.ep_close_nbx)(ep, &param) };
         if ptr_is_request(closing) {
             self.closing.push(closing);
         }
-        self.lanes.lock().remove(&peer);
+        self.lanes.lock().remove(&peer.0);
     }
 
-    fn send_ack(&mut self, peer: u32, ack: Ack) {
+    /// Bytes are in (or refused): the receipt they carried sets its key
+    /// first (so the receiver's wait ends without a trip back to the
+    /// sender), then the sender hears it.
+    fn landed(&mut self, peer: Remote, mut ack: Ack, receipt: Option<(Arc<Landing>, Vec<u8>)>) {
+        let last = match &receipt {
+            // Every part carries the receipt; the last to land applies it.
+            Some((landing, _)) if ack.outcome.is_ok() => landing.part_landed(),
+            _ => false,
+        };
+        if let (true, Some((landing, value))) = (last, receipt) {
+            let key = &landing.completion_key;
+            match self.callbacks.sink.get() {
+                Some(sink) => match sink(key, &value) {
+                    Ok(()) => ack.receipt_applied = true,
+                    Err(e) => log::warn!(
+                        "UCX receiver: the receipt for {key} that came with its bytes was not \
+                         applied ({e}); its sender sets it"
+                    ),
+                },
+                None => {
+                    log::warn!("UCX receiver: a receipt came with bytes but none is applied here")
+                }
+            }
+        }
+        self.send_ack(peer, ack);
+    }
+
+    fn send_ack(&mut self, peer: Remote, ack: Ack) {
         let ep = match self.endpoint(peer) {
             Ok(ep) => ep,
             Err(e) => {
-                log::warn!("UCX receiver: cannot acknowledge to process {peer}: {e}");
+                log::warn!(
+                    "UCX receiver: cannot acknowledge to process {}: {e}",
+                    peer.0
+                );
                 return;
             }
         };
-        if !self.lanes.lock().contains_key(&peer) {
+        if !self.lanes.lock().contains_key(&peer.0) {
             self.record_lanes(peer);
         }
         let (header, message) = ack.encode();
@@ -923,7 +1041,8 @@ impl Worker {
         if !ptr_is_request(sent) {
             if ptr_is_err(sent) {
                 log::warn!(
-                    "UCX receiver: acknowledging to process {peer} failed: {}",
+                    "UCX receiver: acknowledging to process {} failed: {}",
+                    peer.0,
                     self.api.describe(ptr_status(sent))
                 );
             }
@@ -933,7 +1052,7 @@ impl Worker {
     }
 
     /// What UCX says about the endpoint to `peer` (its lanes' transports).
-    fn record_lanes(&mut self, peer: u32) {
+    fn record_lanes(&mut self, peer: Remote) {
         let Some(ep) = self.peers.get(&peer).and_then(|p| p.ep) else {
             return;
         };
@@ -943,26 +1062,31 @@ impl Worker {
         });
         let lanes = lane_transports(&text);
         if !lanes.is_empty() {
-            log::info!("UCX transport: process {peer} is reached over {lanes}");
+            log::info!("UCX transport: process {} is reached over {lanes}", peer.0);
         }
-        self.lanes.lock().insert(peer, lanes);
+        self.lanes.lock().insert(peer.0, lanes);
     }
 
     fn shut_down(mut self, orders: Receiver<Command>) {
         // Whatever is still queued or waiting fails now.
         while let Ok(command) = orders.try_recv() {
             if let Command::Send(order) = command {
-                (order.done)(Err(stopped()));
+                order.transfer.fail(stopped());
             }
         }
         for op in self.sends.values_mut() {
-            if let Some(done) = op.done.take() {
-                done(Err(stopped()));
-            }
+            op.answered = true;
+            op.transfer.fail(stopped());
         }
-        let peers: Vec<u32> = self.peers.keys().copied().collect();
+        for connecting in self.connecting.drain(..) {
+            let _ = connecting.reply.send(Err(stopped()));
+        }
+        // Flushed, not forced: a peer still wiring up with us gets its
+        // messages through (UCX 1.13 aborts a process whose connection
+        // fails while its wireup replies are pending).
+        let peers: Vec<Remote> = self.peers.keys().copied().collect();
         for peer in peers {
-            self.close_endpoint(peer);
+            self.close_endpoint(peer, false);
         }
         let until = Instant::now() + CLOSE_GRACE;
         while Instant::now() < until {
@@ -1078,38 +1202,43 @@ unsafe extern "C" fn on_data(
         Err(e) => return refuse(format!("a DATA message was dropped: {}", e.message)),
     };
     let verdict = |outcome: Result<()>| Event::Received {
-        peer: parsed.sender,
+        peer: (parsed.sender, parsed.sender_worker),
         ack: Ack {
             request: parsed.request,
             token: parsed.token,
             outcome,
+            receipt_applied: false,
         },
+        receipt: None,
     };
-    let Some(destination) = callbacks.registry.claim(&parsed.token) else {
+    if parsed.length != length as u64 {
         callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        callbacks.push(verdict(Err(status::unauthenticated(
-            "no destination is registered for this auth token (unknown, or the receive already \
-             completed or was cancelled)",
-        ))));
-        return UCS_OK;
-    };
-    let fits = parsed.length == length as u64
-        && parsed
-            .offset
-            .checked_add(parsed.length)
-            .is_some_and(|end| end <= destination.len() as u64);
-    if !fits {
-        let message = format!(
-            "a {length}-byte message (header: {} bytes at offset {}) does not fit the {}-byte destination",
-            parsed.length,
-            parsed.offset,
-            destination.len()
-        );
-        callbacks.registry.restore(parsed.token, destination);
-        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        callbacks.push(verdict(Err(Status::new(Code::OutOfRange, message))));
+        callbacks.push(verdict(Err(status::invalid_argument(format!(
+            "a {length}-byte message whose header says {} bytes",
+            parsed.length
+        )))));
         return UCS_OK;
     }
+    let claimed = match callbacks.registry.claim_part(
+        &parsed.token,
+        parsed.part,
+        parsed.parts,
+        parsed.offset,
+        parsed.length,
+    ) {
+        Ok(claimed) => claimed,
+        Err(refusal) => {
+            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+            callbacks.push(verdict(Err(refusal)));
+            return UCS_OK;
+        }
+    };
+    let destination = claimed.destination;
+    // A receipt applies only to a destination whose key this process holds.
+    let receipt = match claimed.landing {
+        Some(landing) if !parsed.receipt.is_empty() => Some((landing, parsed.receipt.clone())),
+        _ => None,
+    };
     // SAFETY: offset + length lies inside the destination (checked above),
     // whose memory stays valid while `destination` (or the op holding it)
     // lives, under the WritableDestination contract.
@@ -1120,15 +1249,25 @@ unsafe extern "C" fn on_data(
             // duration of this callback; the target range is ours (claimed).
             unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), target, length) };
         }
-        callbacks.push(verdict(Ok(())));
+        callbacks.push(Event::Received {
+            peer: (parsed.sender, parsed.sender_worker),
+            ack: Ack {
+                request: parsed.request,
+                token: parsed.token,
+                outcome: Ok(()),
+                receipt_applied: false,
+            },
+            receipt,
+        });
         return UCS_OK;
     }
     let op = Box::into_raw(Box::new(ReceiveOp {
         callbacks,
         _destination: destination,
-        peer: parsed.sender,
+        peer: (parsed.sender, parsed.sender_worker),
         request: parsed.request,
         token: parsed.token,
+        receipt,
     }));
     let mut recv = ucp_request_param_t::empty();
     recv.op_attr_mask =
@@ -1156,13 +1295,16 @@ unsafe extern "C" fn on_data(
                 callbacks.api.describe(failed)
             ))),
         };
+        let ok = outcome.is_ok();
         callbacks.push(Event::Received {
             peer: op.peer,
             ack: Ack {
                 request: op.request,
                 token: op.token,
                 outcome,
+                receipt_applied: false,
             },
+            receipt: if ok { op.receipt } else { None },
         });
     }
     UCS_INPROGRESS
@@ -1254,6 +1396,26 @@ unsafe extern "C" fn on_ack_sent(
     drop(unsafe { Box::from_raw(user_data as *mut ([u8; super::wire::ACK_HEADER_LEN], Vec<u8>)) });
     CURRENT.with(|current| {
         if let Some(callbacks) = current.borrow().as_ref() {
+            // SAFETY: the request's one completion; UCX allows freeing it here.
+            unsafe { (callbacks.api.request_free)(request) };
+        }
+    });
+}
+
+fn remote_to_user_data(remote: Remote) -> *mut c_void {
+    (((remote.0 as usize) << 16) | remote.1 as usize) as *mut c_void
+}
+
+unsafe extern "C" fn on_flushed(
+    request: *mut c_void,
+    status: ucs_status_t,
+    user_data: *mut c_void,
+) {
+    let packed = user_data as usize;
+    let peer = ((packed >> 16) as u32, (packed & 0xffff) as u16);
+    CURRENT.with(|current| {
+        if let Some(callbacks) = current.borrow().as_ref() {
+            callbacks.push(Event::Flushed { peer, status });
             // SAFETY: the request's one completion; UCX allows freeing it here.
             unsafe { (callbacks.api.request_free)(request) };
         }
