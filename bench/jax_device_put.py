@@ -80,6 +80,9 @@ PER_HOST_OPTIONS = ""
 # 4 x 0.0.0.0:0 -- an address the other host cannot connect to.
 JAX_TRANSPORTS = 4
 RAW_TCP_BYTES = 256 * MIB
+# Cases of at most SMALL_BYTES in all run SMALL_REPS_FACTOR times --reps.
+SMALL_BYTES = 4 * MIB
+SMALL_REPS_FACTOR = 5
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -141,7 +144,10 @@ def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases:
     for name, nbytes, count in cases:
         n = nbytes // 4
         times = []
-        for rep in range(reps + 1):
+        # Small transfers take tens of microseconds and vary more than that
+        # on a busy 2-core machine: they get more repetitions.
+        case_reps = reps * SMALL_REPS_FACTOR if nbytes * count <= SMALL_BYTES else reps
+        for rep in range(case_reps + 1):
             data = [np.full(n, rep * 100 + i, dtype=np.float32) for i in range(count)]
             if process_id == 0:
                 xs = [jax.device_put(d, src) for d in data]
@@ -382,7 +388,7 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
 
     print(f"\nJAX {jax_version}, two hosts (xh-a -> xh-b over a veth): cross-host "
           f"jax.device_put, receiver's time from a shared barrier to block_until_ready, "
-          f"median of {args.reps}")
+          f"median of {args.reps} ({args.reps * SMALL_REPS_FACTOR} for cases of at most 4 MiB)")
     for label in labels:
         print(f"crosshost {label}: a: {results['options'][label]['a'] or '(no options)'}; "
               f"b: {results['options'][label]['b'] or '(no options)'}")
@@ -479,7 +485,7 @@ def main() -> None:
     blocking = run_backend("crosshost", args.reps, small, args.python, options="kv_store=callbacks")
 
     print(f"\nJAX {jax_version}: cross-process jax.device_put, receiver's time from a shared "
-          f"barrier to block_until_ready, median of {args.reps}")
+          f"barrier to block_until_ready, median of {args.reps} ({args.reps * SMALL_REPS_FACTOR} for cases of at most 4 MiB)")
     print(f"compute plugin: {ours.get('compute_plugin')}")
     print(f"{'case':<12} {'JAX CPU path':>14} {'crosshost':>12} {'ratio':>8} {'target':>8}")
     table = []

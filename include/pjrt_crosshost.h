@@ -198,6 +198,13 @@ typedef struct PJRT_CrossHost_KvDeleteExtension {
 char* pjrt_crosshost_metrics_json(const PJRT_Client* client);
 void pjrt_crosshost_free_string(char* s);
 
+/* The transfer timeline's marks recorded so far in this process, as JSON
+ * `[[nanoseconds, "point", "key hash", thread], ...]` (CLOCK_MONOTONIC, so
+ * two processes' marks line up), emptying the record; `[]` unless the
+ * process was started with PJRT_CROSSHOST_TIMELINE=1. Free with
+ * pjrt_crosshost_free_string. */
+char* pjrt_crosshost_timeline_json(void);
+
 /* JSON array with one {"process_index":N,"metrics":{...}} object per live
  * client of this process (for frameworks such as JAX that never expose their
  * PJRT_Client*). Free with pjrt_crosshost_free_string. */

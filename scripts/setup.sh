@@ -5,6 +5,9 @@
 #     (protobuf-compiler: the etcd client's build generates its gRPC code),
 #     and etcd 3.4 (etcd-server, etcd-client: the etcd store's tests run a
 #     real server and list its keys with etcdctl), from apt;
+#   - UCX (libucx0: the data plane across hosts, loaded at run time;
+#     libucx-dev: its header, for tests/ucx_layout.rs), and iproute2 (the
+#     two-host test bed, scripts/two-hosts.sh), from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
 #   - jax and jaxlib 0.10.2 for python_tests/test_jax_*.py, from PyPI (a
 #     failure only warns: those tests then skip, saying why);
@@ -38,6 +41,9 @@ if ! command -v c++ >/dev/null 2>&1; then apt_pkgs+=(g++); fi
 if ! command -v protoc >/dev/null 2>&1; then apt_pkgs+=(protobuf-compiler); fi
 if [ ! -x /usr/bin/etcd ] && [ ! -x /usr/local/bin/etcd ]; then apt_pkgs+=(etcd-server); fi
 if ! command -v etcdctl >/dev/null 2>&1; then apt_pkgs+=(etcd-client); fi
+if ! dpkg -s libucx0 >/dev/null 2>&1; then apt_pkgs+=(libucx0); fi
+if ! dpkg -s libucx-dev >/dev/null 2>&1; then apt_pkgs+=(libucx-dev); fi
+if ! command -v ip >/dev/null 2>&1; then apt_pkgs+=(iproute2); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   say "installing ${apt_pkgs[*]} with apt-get"
   $SUDO apt-get update

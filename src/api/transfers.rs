@@ -177,6 +177,7 @@ impl Client {
         function: &str,
     ) -> Result<Vec<ReceivedBuffer>> {
         crate::timeline!("{function}: {} buffers requested", specs.len());
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::ReceiveCall);
         self.own_addressable_device(device, function)?;
         let shapes: Vec<Shape> = specs.iter().map(|s| s.shape.clone()).collect();
         let peers: Vec<(i32, i64)> = specs
@@ -193,6 +194,7 @@ impl Client {
         )?;
         let received = received(device, shapes, destinations, handles).0;
         crate::timeline!("{function}: returning {} buffers", received.len());
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::ReceiveReturn);
         Ok(received)
     }
 
@@ -232,6 +234,7 @@ impl Client {
         function: &str,
     ) -> Result<Vec<Future>> {
         crate::timeline!("{function}: {} buffers to send", buffers.len());
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::SendCall);
         let mut sources = Vec::with_capacity(buffers.len());
         for buffer in buffers {
             sources.push(self.send_source(buffer, function)?);

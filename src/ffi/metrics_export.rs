@@ -24,6 +24,18 @@ pub extern "C" fn pjrt_crosshost_metrics_json(client: *const PJRT_Client) -> *mu
     })
 }
 
+/// The transfer timeline's marks recorded so far in this process (JSON,
+/// src/sync/timeline.rs; `[]` unless PJRT_CROSSHOST_TIMELINE=1), emptying
+/// the record. Free with `pjrt_crosshost_free_string`.
+#[no_mangle]
+pub extern "C" fn pjrt_crosshost_timeline_json() -> *mut c_char {
+    or_on_panic(std::ptr::null_mut(), || {
+        CString::new(crate::sync::timeline::take_json())
+            .map(CString::into_raw)
+            .unwrap_or(std::ptr::null_mut())
+    })
+}
+
 /// Frees a string returned by this plugin. NULL is ignored.
 #[no_mangle]
 pub extern "C" fn pjrt_crosshost_free_string(s: *mut c_char) {

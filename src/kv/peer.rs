@@ -278,7 +278,24 @@ impl KeyValueStore for PeerStore {
             return done(self.local.store.delete(key));
         }
         match self.link(reader) {
-            Ok(link) => link.delete_async(key, done),
+            Ok(link) => {
+                // A link can break under the delete when its peer dies: the
+                // key went with that process's memory.
+                let local = self.local.clone();
+                let key_name = key.to_string();
+                link.delete_async(
+                    key,
+                    Box::new(move |outcome| match outcome {
+                        Err(e) if local.lost.lock().contains(&reader) => {
+                            log::debug!(
+                                "peer store: {key_name:?} went with process {reader} ({e})"
+                            );
+                            done(Ok(()))
+                        }
+                        other => done(other),
+                    }),
+                )
+            }
             // The key lived in that process's memory: a peer whose link
             // closed and that takes no new one is gone, and the key with it.
             Err(e) if self.local.lost.lock().contains(&reader) => {

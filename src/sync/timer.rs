@@ -68,6 +68,14 @@ impl DeadlineTimer {
         let mut entries = self.shared.entries.lock();
         let id = entries.next_id;
         entries.next_id += 1;
+        // The thread sleeps until the earliest deadline: only a new earliest
+        // one needs to wake it. Most entries (a receive's or a request's
+        // timeout) are later than one already waiting, and waking the
+        // thread for each cost every transfer a context switch.
+        let earliest = entries
+            .heap
+            .peek()
+            .is_none_or(|Reverse((first, _))| deadline < *first);
         entries.heap.push(Reverse((deadline, id)));
         entries.live.insert(id, Box::new(callback));
         // Keep cancelled leftovers from piling up under long deadlines.
@@ -76,7 +84,9 @@ impl DeadlineTimer {
             heap.retain(|Reverse((_, id))| live.contains_key(id));
         }
         drop(entries);
-        self.shared.changed.notify_one();
+        if earliest {
+            self.shared.changed.notify_one();
+        }
         TimerId(id)
     }
 

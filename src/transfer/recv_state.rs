@@ -314,6 +314,10 @@ impl ReceiveTracker {
         let rx = rx.clone();
         Box::new(move |result| {
             crate::timeline!("receive {}: AsyncGet fired", rx.key);
+            crate::sync::timeline::mark(
+                crate::sync::timeline::Point::AsyncGetFired,
+                rx.key.as_str(),
+            );
             if let Some(tracker) = tracker.upgrade() {
                 let runner = tracker.runner.clone();
                 runner.submit(move || tracker.on_signal(&rx, generation, result));
@@ -343,6 +347,7 @@ impl ReceiveTracker {
 
     fn on_signal(self: &Arc<Self>, rx: &Arc<Receive>, generation: u64, result: Result<Vec<u8>>) {
         crate::timeline!("receive {}: signal on the runner", rx.key);
+        crate::sync::timeline::mark(crate::sync::timeline::Point::OnRunner, rx.key.as_str());
         enum Next {
             Publish(Outcome),
             Rearm(Vec<u8>),
@@ -453,10 +458,12 @@ impl ReceiveTracker {
     fn publish(&self, rx: &Receive, outcome: Outcome) {
         rx.promise.set(outcome.clone());
         crate::timeline!("receive {}: published ({})", rx.key, outcome.is_ok());
+        crate::sync::timeline::mark(crate::sync::timeline::Point::Published, rx.key.as_str());
         let record = rx.record.lock().take();
         if let Some(record) = record {
             record(&outcome);
             crate::timeline!("receive {}: recorded", rx.key);
+            crate::sync::timeline::mark(crate::sync::timeline::Point::Recorded, rx.key.as_str());
         }
     }
 
@@ -545,6 +552,7 @@ impl ReceiveTracker {
     /// The end of a receive: its keys are deleted, retained or failed.
     fn retired(rx: &Receive, failure: Option<Status>) {
         crate::timeline!("receive {}: keys retired", rx.key);
+        crate::sync::timeline::mark(crate::sync::timeline::Point::KeysRetired, rx.key.as_str());
         *rx.phase.lock() = Phase::Retired;
         rx.retired.set(failure.map_or(Ok(()), Err));
     }

@@ -380,6 +380,30 @@ def registered_library() -> str | None:
     return _registered_library or _env_registers_us()
 
 
+def timeline() -> list[list]:
+    """The plugin's transfer timeline marks recorded so far in this process,
+    ``[[nanoseconds, point, key hash, thread], ...]`` (CLOCK_MONOTONIC, the
+    clock of ``time.monotonic_ns()``), emptying the record: empty unless the
+    process runs with ``PJRT_CROSSHOST_TIMELINE=1``
+    (bench/profile_transfer.py)."""
+    library = registered_library()
+    if library is None:
+        return []
+    lib = ctypes.CDLL(str(library))
+    take = lib.pjrt_crosshost_timeline_json
+    take.restype = ctypes.c_void_p
+    take.argtypes = []
+    release = lib.pjrt_crosshost_free_string
+    release.argtypes = [ctypes.c_void_p]
+    pointer = take()
+    if not pointer:
+        return []
+    try:
+        return json.loads(ctypes.string_at(pointer).decode())
+    finally:
+        release(pointer)
+
+
 def metrics() -> list[dict[str, Any]]:
     """Transfer metrics of every live ``crosshost`` client in this process.
 

@@ -206,6 +206,7 @@ impl TransferService {
         }
         .encode()?;
         let key_name = key.as_str().to_string();
+        let mark_key = crate::sync::timeline::key_hash_if_enabled(&key_name);
         let extra_keys: Vec<String> = descriptor_key.iter().cloned().collect();
         let memory = destination.memory();
         let record: Option<RecordEvent> = record.map(|record| {
@@ -254,6 +255,10 @@ impl TransferService {
                         ));
                     }
                 }),
+            );
+            crate::sync::timeline::mark_hash(
+                crate::sync::timeline::Point::DescriptorPublished,
+                mark_key,
             );
             kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
         }

@@ -84,6 +84,10 @@ impl TransferService {
             let copies = service.copies.clone();
             let copy = move || {
                 crate::timeline!("send to {}: copy starts", descriptor.completion_key);
+                crate::sync::timeline::mark(
+                    crate::sync::timeline::Point::BytesStart,
+                    &descriptor.completion_key,
+                );
                 kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
                 let copied = match defined {
                     Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
@@ -184,6 +188,10 @@ impl TransferService {
             }
         };
         crate::timeline!("send to {}: UCX send starts", descriptor.completion_key);
+        crate::sync::timeline::mark(
+            crate::sync::timeline::Point::BytesStart,
+            &descriptor.completion_key,
+        );
         kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
         // With the key held by the receiver, the receipt goes with the bytes
         // and is applied there once they are in: no second trip.
@@ -196,7 +204,8 @@ impl TransferService {
         let service = self.clone();
         let token = descriptor.auth_token;
         let offset = descriptor.offset;
-        ucx.send(
+        let mark_key = crate::sync::timeline::key_hash_if_enabled(&descriptor.completion_key);
+        ucx.send_marked(
             process,
             token,
             offset,
@@ -211,6 +220,10 @@ impl TransferService {
                     crate::timeline!(
                         "send to {}: delivered with its receipt",
                         descriptor.completion_key
+                    );
+                    crate::sync::timeline::mark(
+                        crate::sync::timeline::Point::BytesAcked,
+                        &descriptor.completion_key,
                     );
                     kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
                     promise.set(Ok(()));
@@ -233,6 +246,7 @@ impl TransferService {
                     service.finish_send(&source, &descriptor, Err(failed), promise, function)
                 }
             }),
+            mark_key,
         );
     }
 
@@ -282,6 +296,7 @@ impl TransferService {
             &receipt.encode(),
             Box::new(move |outcome| {
                 if outcome.is_ok() {
+                    crate::sync::timeline::mark(crate::sync::timeline::Point::ReceiptSet, &key);
                     kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
                 }
                 done(outcome.map_err(|e| {
@@ -432,15 +447,22 @@ impl TransferService {
             *index += 1;
         }
         // A receiver known to be gone gets no new sends (unless it answers
-        // again): each would wait its full timeout for a descriptor.
-        let mut peers: Vec<i32> = plan.iter().map(|(_, peer)| *peer).collect();
-        peers.dedup();
-        for peer in peers {
-            self.check_receiver_alive(peer, F)?;
+        // again): each would wait its full timeout for a descriptor. Its
+        // buffers fail at once, each through its own event.
+        let mut gone: HashMap<i32, Status> = HashMap::new();
+        for (_, peer) in &plan {
+            if !gone.contains_key(peer) {
+                if let Err(e) = self.check_receiver_alive(*peer, F) {
+                    gone.insert(*peer, e);
+                }
+            }
         }
         let mut futures = Vec::with_capacity(plan.len());
         for (source, (desc_key, peer)) in sources.into_iter().zip(plan) {
-            futures.push(self.send_when_described(source, desc_key, peer));
+            match gone.get(&peer) {
+                Some(e) => futures.push(Future::ready(Err(e.clone()))),
+                None => futures.push(self.send_when_described(source, desc_key, peer)),
+            }
         }
         Ok(futures)
     }
@@ -473,7 +495,13 @@ impl TransferService {
                     })
                 });
                 match started {
-                    Ok(descriptor) => service.start_send(source, descriptor, promise, F),
+                    Ok(descriptor) => {
+                        crate::sync::timeline::mark(
+                            crate::sync::timeline::Point::DescriptorArrived,
+                            &descriptor.completion_key,
+                        );
+                        service.start_send(source, descriptor, promise, F)
+                    }
                     Err(status) => {
                         promise.set(Err(status));
                     }

@@ -73,6 +73,7 @@ pub const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
 pub const UCP_WORKER_PARAM_FIELD_EVENTS: u64 = 1 << 2;
 pub const UCP_WORKER_PARAM_FIELD_NAME: u64 = 1 << 6;
 pub const UCS_THREAD_MODE_SINGLE: c_int = 0;
+pub const UCS_THREAD_MODE_SERIALIZED: c_int = 1;
 pub const UCP_WAKEUP_TX: c_uint = 1 << 10;
 pub const UCP_WAKEUP_RX: c_uint = 1 << 11;
 

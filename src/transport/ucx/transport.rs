@@ -144,6 +144,22 @@ impl UcxTransport {
         timeout: Duration,
         done: SendDone,
     ) {
+        self.send_marked(peer, token, offset, payload, receipt, timeout, done, 0)
+    }
+
+    /// `send`, with the completion key's hash for the timeline's marks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_marked(
+        &self,
+        peer: u32,
+        token: AuthToken,
+        offset: u64,
+        payload: Payload,
+        receipt: Option<Vec<u8>>,
+        timeout: Duration,
+        done: SendDone,
+        mark_key: u64,
+    ) {
         let parts = stripes(payload.len(), self.workers.len());
         let receipt = receipt.unwrap_or_default();
         let first = self.next.fetch_add(parts.len(), Ordering::Relaxed);
@@ -163,6 +179,7 @@ impl UcxTransport {
                 deadline,
                 timeout,
                 receipt: receipt.clone(),
+                mark_key,
             });
         }
     }

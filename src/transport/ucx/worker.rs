@@ -1,10 +1,13 @@
-//! `WorkerHandle`: one UCP context and worker, owned by one progress thread
-//! (a client's UCX transport has a few, `transport.rs`). UCX runs in its single-thread mode: every UCP call is
-//! made on that thread; other threads hand it sends through a channel and
-//! wake it through an eventfd. The thread sleeps in poll(2) on the worker's
-//! event fd and that eventfd, waking at least every `IDLE_WAKE` so UCX's
-//! keepalive (which runs inside `ucp_worker_progress`) still finds dead
-//! peers on idle endpoints; it never spins.
+//! `WorkerHandle`: one UCP context and worker, driven by one progress thread
+//! (a client's UCX transport has a few, `transport.rs`). UCX runs in its
+//! serialized mode: any thread may call it, one at a time, which the
+//! worker's lock (a mutex around `Worker`) ensures. The progress thread holds
+//! it except while it sleeps in poll(2) on the worker's event fd and an
+//! eventfd, waking at least every `IDLE_WAKE` so UCX's keepalive (which runs
+//! inside `ucp_worker_progress`) still finds dead peers on idle endpoints;
+//! it never spins. A sender that finds the lock free sends at once, on its
+//! own thread (measured: the hop to the progress thread cost a small
+//! transfer 26-53 µs); otherwise it queues the send and wakes the thread.
 //!
 //! Callbacks from UCX (active messages, completions, endpoint failures) run
 //! inside `ucp_worker_progress` on the thread. They only record events; the
@@ -17,7 +20,6 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -32,6 +34,7 @@ use super::sys::*;
 use super::transfer::Transfer;
 use super::wire::{Ack, DataHeader, AM_ACK, AM_DATA};
 use crate::status::{self, Result, Status};
+use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
 use crate::transport::registry::{DestinationRegistry, Landing};
@@ -56,8 +59,10 @@ pub struct SendPart {
     pub len: usize,
     pub deadline: Instant,
     pub timeout: Duration,
-    /// The receipt to carry (a whole buffer whose receiver holds its key).
+    /// The receipt to carry (the receiver holds the key it sets).
     pub receipt: Vec<u8>,
+    /// The completion key's hash, for the timeline's marks.
+    pub mark_key: u64,
 }
 
 /// Applies a receipt that came with the bytes: sets `key` (held by this
@@ -117,6 +122,14 @@ struct Callbacks {
     rejected: Arc<AtomicU64>,
     sink: Arc<OnceCell<ReceiptSink>>,
 }
+
+// SAFETY: the callbacks' state (the event list, the rendezvous set) is only
+// touched by the thread holding the worker's lock: UCX calls them inside
+// `ucp_worker_progress`, which runs under it (the worker is in UCX's
+// serialized mode, see `Worker`), and the loop reads them under it too.
+unsafe impl Send for Callbacks {}
+// SAFETY: as above; shared references never cross the lock.
+unsafe impl Sync for Callbacks {}
 
 impl Callbacks {
     fn push(&self, event: Event) {
@@ -192,6 +205,11 @@ struct Handle {
 impl Handle {
     fn order(&self, command: Command) -> std::result::Result<(), Command> {
         self.commands.send(command).map_err(|e| e.0)?;
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
         unsafe {
@@ -201,13 +219,14 @@ impl Handle {
                 std::mem::size_of::<u64>(),
             )
         };
-        Ok(())
     }
 }
 
 /// One worker of a client's UCX transport (`transport.rs` holds them all).
 pub struct WorkerHandle {
     handle: Arc<Handle>,
+    /// The worker, for senders that find it free.
+    worker: Arc<Mutex<Worker>>,
     address: Vec<u8>,
     lanes: Lanes,
     rejected: Arc<AtomicU64>,
@@ -255,14 +274,14 @@ impl WorkerHandle {
                         return;
                     }
                 };
-                let _ = ready.send(Ok((
-                    setup.address.clone(),
-                    setup.callbacks.rejected.clone(),
-                )));
-                setup.run(orders, wake_fd);
+                let address = setup.address.clone();
+                let rejected = setup.callbacks.rejected.clone();
+                let worker = Arc::new(Mutex::new(setup));
+                let _ = ready.send(Ok((address, rejected, worker.clone())));
+                Worker::run(&worker, orders, wake_fd);
             })
             .map_err(|e| status::resource_exhausted(format!("UCX transport: thread: {e}")))?;
-        let (address, rejected) = match started.recv() {
+        let (address, rejected, worker) = match started.recv() {
             Ok(Ok(started)) => started,
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -274,6 +293,7 @@ impl WorkerHandle {
             }
         };
         Ok(WorkerHandle {
+            worker,
             handle: Arc::new(Handle {
                 commands,
                 wake,
@@ -325,11 +345,24 @@ impl WorkerHandle {
         })
     }
 
-    /// Sends one part; its transfer hears how it went.
+    /// Sends one part; its transfer hears how it went. On this thread when
+    /// the worker is free, else through its progress thread.
     pub fn send_part(&self, part: SendPart) {
         if self.handle.stopping.load(Ordering::Acquire) {
             part.transfer.fail(stopped());
             return;
+        }
+        if let Some(mut worker) = self.worker.try_lock() {
+            if !worker.stopped {
+                let left_work = worker.start_send(part);
+                drop(worker);
+                // What UCX could not finish at once (a rendezvous, a full
+                // socket) needs progress: make sure the thread looks.
+                if left_work {
+                    self.handle.wake();
+                }
+                return;
+            }
         }
         if let Err(Command::Send(part)) = self.handle.order(Command::Send(Box::new(part))) {
             part.transfer.fail(stopped());
@@ -353,7 +386,11 @@ impl Drop for WorkerHandle {
 
 // --------------------------- the progress thread ---------------------------
 
+/// The worker and everything its callbacks and the loop share; used only
+/// under its lock.
 struct Worker {
+    /// Shut down: no more UCP calls.
+    stopped: bool,
     api: Arc<UcpApi>,
     context: ucp_context_h,
     worker: ucp_worker_h,
@@ -361,7 +398,7 @@ struct Worker {
     /// This process, and this worker's index among its workers.
     me: Remote,
     address: Vec<u8>,
-    callbacks: Rc<Callbacks>,
+    callbacks: Arc<Callbacks>,
     peers: HashMap<Remote, Peer>,
     connecting: Vec<Connecting>,
     /// Workers of each process.
@@ -375,6 +412,11 @@ struct Worker {
     held: Arc<AtomicUsize>,
     closing: Vec<ucs_status_ptr_t>,
 }
+
+// SAFETY: the UCP handles are used by one thread at a time (the worker's
+// lock), which UCX's serialized thread mode allows; the callbacks' state is
+// under the same lock (see `Callbacks`).
+unsafe impl Send for Worker {}
 
 fn ucx_error(api: &UcpApi, what: &str, status: ucs_status_t) -> Status {
     status::unavailable(format!("UCX: {what} failed: {}", api.describe(status)))
@@ -422,7 +464,7 @@ impl Worker {
             field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE
                 | UCP_WORKER_PARAM_FIELD_EVENTS
                 | UCP_WORKER_PARAM_FIELD_NAME,
-            thread_mode: UCS_THREAD_MODE_SINGLE,
+            thread_mode: UCS_THREAD_MODE_SERIALIZED,
             cpu_mask: [0; 16],
             events: UCP_WAKEUP_RX | UCP_WAKEUP_TX,
             user_data: std::ptr::null_mut(),
@@ -468,7 +510,7 @@ impl Worker {
             unsafe { std::slice::from_raw_parts(raw_address.cast::<u8>(), address_len) }.to_vec();
         // SAFETY: releasing what ucp_worker_get_address returned.
         unsafe { (api.worker_release_address)(worker, raw_address) };
-        let callbacks = Rc::new(Callbacks {
+        let callbacks = Arc::new(Callbacks {
             api: api.clone(),
             worker,
             registry,
@@ -489,7 +531,7 @@ impl Worker {
                 id,
                 flags: UCP_AM_FLAG_WHOLE_MSG,
                 cb: Some(cb),
-                arg: Rc::as_ptr(&callbacks) as *mut c_void,
+                arg: Arc::as_ptr(&callbacks) as *mut c_void,
             };
             // SAFETY: the handler's arg outlives the worker (the Arc is held
             // by the Worker, which destroys the worker before dropping it).
@@ -499,6 +541,7 @@ impl Worker {
             }
         }
         Ok(Worker {
+            stopped: false,
             api,
             context,
             worker,
@@ -518,27 +561,44 @@ impl Worker {
         })
     }
 
-    fn run(mut self, orders: Receiver<Command>, wake: RawFd) {
-        CURRENT.with(|current| *current.borrow_mut() = Some(self.callbacks.clone()));
+    fn run(shared: &Mutex<Worker>, orders: Receiver<Command>, wake: RawFd) {
+        let callbacks = shared.lock().callbacks.clone();
+        CURRENT.with(|current| *current.borrow_mut() = Some(callbacks));
         'serve: loop {
-            while let Ok(command) = orders.try_recv() {
-                match command {
-                    Command::Peers(peers) => self.set_peers(peers),
-                    Command::Connect(reply) => self.connect_all(reply),
-                    Command::Send(order) => self.start_send(*order),
-                    Command::Stop => break 'serve,
+            let (efd, sleep) = {
+                let mut worker = shared.lock();
+                while let Ok(command) = orders.try_recv() {
+                    match command {
+                        Command::Peers(peers) => worker.set_peers(peers),
+                        Command::Connect(reply) => worker.connect_all(reply),
+                        Command::Send(order) => {
+                            worker.start_send(*order);
+                        }
+                        Command::Stop => break 'serve,
+                    }
                 }
-            }
-            self.progress();
-            self.expire(Instant::now());
-            // SAFETY: a live worker of this thread.
-            let armed = unsafe { (self.api.worker_arm)(self.worker) };
-            if armed == UCS_ERR_BUSY {
-                continue;
-            }
+                worker.progress();
+                worker.expire(Instant::now());
+                // SAFETY: a live worker, under its lock.
+                let armed = unsafe { (worker.api.worker_arm)(worker.worker) };
+                if armed == UCS_ERR_BUSY {
+                    continue;
+                }
+                let sleep = worker
+                    .sends
+                    .values()
+                    .filter(|op| !op.answered)
+                    .map(|op| op.deadline.saturating_duration_since(Instant::now()))
+                    .min()
+                    .unwrap_or(IDLE_WAKE)
+                    .min(IDLE_WAKE);
+                (worker.efd, sleep)
+            };
+            // Unlocked while asleep: senders may use the worker meanwhile
+            // (what they start wakes us through the event fd or `wake`).
             let mut fds = [
                 libc::pollfd {
-                    fd: self.efd,
+                    fd: efd,
                     events: libc::POLLIN,
                     revents: 0,
                 },
@@ -548,14 +608,6 @@ impl Worker {
                     revents: 0,
                 },
             ];
-            let sleep = self
-                .sends
-                .values()
-                .filter(|op| !op.answered)
-                .map(|op| op.deadline.saturating_duration_since(Instant::now()))
-                .min()
-                .unwrap_or(IDLE_WAKE)
-                .min(IDLE_WAKE);
             let _ = crate::transport::poll::poll(&mut fds, Some(sleep));
             if fds[1].revents != 0 {
                 let mut count = 0u64;
@@ -564,7 +616,7 @@ impl Worker {
                 unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
             }
         }
-        self.shut_down(orders);
+        shared.lock().shut_down(orders);
     }
 
     /// Runs UCX until it has nothing more to do, acting on what its
@@ -727,7 +779,7 @@ impl Worker {
 
     /// The endpoint to worker `peer`, created on first use.
     fn endpoint(&mut self, peer: Remote) -> Result<ucp_ep_h> {
-        let callbacks = Rc::as_ptr(&self.callbacks);
+        let callbacks = Arc::as_ptr(&self.callbacks);
         let Some(state) = self.peers.get_mut(&peer) else {
             return Err(status::failed_precondition(format!(
                 "UCX transport: process {} has no UCX worker {} in this job's session",
@@ -786,10 +838,15 @@ impl Worker {
         Ok(ep)
     }
 
-    fn start_send(&mut self, order: SendPart) {
+    /// Starts one part; true when UCX holds it for later progress.
+    fn start_send(&mut self, order: SendPart) -> bool {
+        timeline::mark_hash(Point::UcxSendStart, order.mark_key);
         let ep = match self.endpoint(self.counterpart(order.peer)) {
             Ok(ep) => ep,
-            Err(e) => return order.transfer.fail(e),
+            Err(e) => {
+                order.transfer.fail(e);
+                return false;
+            }
         };
         let request = self.next_request;
         self.next_request += 1;
@@ -844,17 +901,20 @@ impl Worker {
                 &param,
             )
         };
-        self.submitted(request, sent);
+        self.submitted(request, sent)
     }
 
     /// Records how `am_send_nbx` answered: done at once, failed, or pending
     /// (its completion comes as an event).
-    fn submitted(&mut self, request: u64, sent: ucs_status_ptr_t) {
+    fn submitted(&mut self, request: u64, sent: ucs_status_ptr_t) -> bool {
         // A request completes through its callback, which frees it
         // (`ucp_request_free` before completion would silence the callback).
         if !ptr_is_request(sent) {
             self.send_completed(request, ptr_status(sent));
         }
+        // A done send still waits for its receiver's ack, which arrives as
+        // a network event; a pending one needs progress.
+        ptr_is_request(sent)
     }
 
     fn send_completed(&mut self, request: u64, status: ucs_status_t) {
@@ -985,9 +1045,13 @@ impl Worker {
         };
         if let (true, Some((landing, value))) = (last, receipt) {
             let key = &landing.completion_key;
+            timeline::mark(Point::BytesLanded, key);
             match self.callbacks.sink.get() {
                 Some(sink) => match sink(key, &value) {
-                    Ok(()) => ack.receipt_applied = true,
+                    Ok(()) => {
+                        timeline::mark(Point::ReceiptSet, key);
+                        ack.receipt_applied = true
+                    }
                     Err(e) => log::warn!(
                         "UCX receiver: the receipt for {key} that came with its bytes was not \
                          applied ({e}); its sender sets it"
@@ -1067,7 +1131,8 @@ impl Worker {
         self.lanes.lock().insert(peer.0, lanes);
     }
 
-    fn shut_down(mut self, orders: Receiver<Command>) {
+    fn shut_down(&mut self, orders: Receiver<Command>) {
+        self.stopped = true;
         // Whatever is still queued or waiting fails now.
         while let Ok(command) = orders.try_recv() {
             if let Command::Send(order) = command {
@@ -1437,7 +1502,7 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, ep: ucp_ep_h, status: u
 thread_local! {
     /// The progress thread's Callbacks, for completion callbacks whose user
     /// data is taken by a request id.
-    static CURRENT: RefCell<Option<Rc<Callbacks>>> = const { RefCell::new(None) };
+    static CURRENT: RefCell<Option<Arc<Callbacks>>> = const { RefCell::new(None) };
 }
 
 #[cfg(test)]

@@ -1,0 +1,203 @@
+"""Where the time of one small cross-process jax.device_put goes, inside JAX.
+
+    python bench/profile_transfer.py [--bytes 4096] [--reps 200] [--hosts] [--python PY]
+
+Two processes (on one host, or with --hosts on the two hosts of the
+two-host bed, python_tests/two_hosts.py) put process 0's array onto process
+1's device --reps times. Both record the plugin's timeline marks
+(PJRT_CROSSHOST_TIMELINE=1, src/sync/timeline.rs: CLOCK_MONOTONIC
+nanoseconds into a preallocated ring, no formatting) and their own
+barrier-exit and return times on the same clock. Per step of a transfer the
+table gives the median time from the receiver's barrier exit, which process
+it ran in, and the median gap to the step before it; then the receiver's
+whole barrier-to-block_until_ready time with marks on, and, in the same run,
+without them (a second job), to show that recording does not move it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+# The steps, in the order a transfer meets them, and who marks them.
+STEPS = [
+    ("receive_call", "receiver"),
+    ("descriptor_published", "receiver"),
+    ("receive_return", "receiver"),
+    ("send_call", "sender"),
+    ("descriptor_arrived", "sender"),
+    ("bytes_start", "sender"),
+    ("ucx_send_start", "sender"),
+    ("bytes_landed", "receiver"),
+    ("receipt_set", "either"),
+    ("asyncget_fired", "receiver"),
+    ("on_runner", "receiver"),
+    ("published", "receiver"),
+    ("recorded", "receiver"),
+    ("bytes_acked", "sender"),
+    ("keys_retired", "receiver"),
+]
+KEYLESS = {"receive_call", "receive_return", "send_call"}
+
+
+def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str) -> None:
+    import numpy as np
+
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    jax.distributed.initialize(coordinator, num_processes=2, process_id=pid)
+    from jax._src import distributed
+
+    import jax_plugins.crosshost as crosshost
+
+    client = distributed.global_state.client
+    src = [d for d in jax.devices() if d.process_index == 0][0]
+    dst = [d for d in jax.devices() if d.process_index == 1][0]
+    data = np.arange(nbytes // 4, dtype=np.float32)
+    times = []
+    for rep in range(reps + 5):
+        if pid == 0:
+            x = jax.device_put(data, src)
+            x.block_until_ready()
+        else:
+            x = jax.make_array_from_single_device_arrays(
+                data.shape, SingleDeviceSharding(src), [], dtype=data.dtype)
+        client.wait_at_barrier(f"p{rep}", 60_000)
+        start = time.monotonic_ns()
+        y = jax.device_put(x, SingleDeviceSharding(dst))
+        if pid == 1:
+            y.block_until_ready()
+        end = time.monotonic_ns()
+        if rep >= 5:  # warm-up transfers are not counted
+            times.append((start, end))
+        elif rep == 4:
+            crosshost.timeline()  # drop the warm-up's marks
+        client.wait_at_barrier(f"q{rep}", 60_000)
+    marks = crosshost.timeline()
+    with open(out, "w") as f:
+        json.dump({"times": times, "marks": marks}, f)
+    client.wait_at_barrier("profile_done", 60_000)
+
+
+def run_job(args, env_extra: dict, bed=None) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [os.path.join(tmp, f"p{p}.json") for p in (0, 1)]
+        env = dict(os.environ, JAX_PLATFORMS="crosshost", PYTHONPATH=str(REPO / "python"),
+                   **env_extra)
+        env.setdefault("PJRT_CROSSHOST_JAX_LIBRARY",
+                       os.environ.get("PJRT_CROSSHOST_LIB",
+                                      str(REPO / "target/release/libpjrt_crosshost.so")))
+        if bed is None:
+            import socket
+
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            s.close()
+            coordinator = f"127.0.0.1:{port}"
+            procs = [subprocess.Popen([args.python, __file__, "--worker", str(p), coordinator,
+                                       str(args.bytes), str(args.reps), outs[p]], env=env)
+                     for p in (0, 1)]
+        else:
+            coordinator = f"{bed.hostname('a')}:{bed.port()}"
+            procs = [bed.popen(host, [args.python, __file__, "--worker", str(p), coordinator,
+                                      str(args.bytes), str(args.reps), outs[p]], env=env)
+                     for p, host in enumerate(("a", "b"))]
+        for proc in procs:
+            if proc.wait(timeout=600) != 0:
+                raise SystemExit(f"a profiling worker failed (exit {proc.returncode})")
+        return [json.load(open(o)) for o in outs]
+
+
+def analyse(sender: dict, receiver: dict) -> tuple[list, list]:
+    """Per step: (name, who, median µs from the receiver's barrier exit)."""
+    rows: dict[str, list] = {name: [] for name, _ in STEPS}
+    marks = [("sender", m) for m in sender["marks"]] + [("receiver", m) for m in receiver["marks"]]
+    by_key: dict[str, list] = {}
+    keyless: dict[tuple, list] = {}
+    for who, (ns, point, key, _thread) in marks:
+        if point in KEYLESS:
+            keyless.setdefault((who, point), []).append(ns)
+        else:
+            by_key.setdefault(key, []).append((ns, who, point))
+    starts = [s for s, _ in receiver["times"]]
+    # Both processes leave each barrier within tens of µs; a transfer's
+    # marks belong to the last receiver barrier exit before them (give or
+    # take SLACK, the sender's lead).
+    slack = 200_000
+    for i, start in enumerate(starts):
+        end = starts[i + 1] - slack if i + 1 < len(starts) else float("inf")
+        for (who, point), stamps in keyless.items():
+            inside = [ns for ns in stamps if start - slack <= ns < end]
+            if inside:
+                rows[point].append((inside[0] - start) / 1e3)
+    for key, stamps in by_key.items():
+        first = min(ns for ns, _, _ in stamps)
+        owners = [s for s in starts if s - slack <= first]
+        if not owners:
+            continue
+        start = owners[-1]
+        for ns, who, point in stamps:
+            rows[point].append((ns - start) / 1e3)
+    table = []
+    for name, who in STEPS:
+        if rows[name]:
+            table.append((name, who, statistics.median(rows[name]), len(rows[name])))
+    totals = [(e - s) / 1e3 for s, e in receiver["times"]]
+    return table, totals
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        pid, coordinator, nbytes, reps, out = sys.argv[2:7]
+        worker(int(pid), coordinator, int(nbytes), int(reps), out)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bytes", type=int, default=4096)
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--hosts", action="store_true", help="across the two-host bed")
+    parser.add_argument("--python", default=sys.executable)
+    args = parser.parse_args()
+    bed = None
+    if args.hosts:
+        sys.path.insert(0, str(REPO / "python_tests"))
+        import two_hosts
+
+        reason = two_hosts.unavailable_reason()
+        if reason:
+            raise SystemExit(f"--hosts: {reason}")
+        bed = two_hosts.TwoHostBed().up()
+    try:
+        plain = run_job(args, {}, bed)
+        marked = run_job(args, {"PJRT_CROSSHOST_TIMELINE": "1"}, bed)
+    finally:
+        if bed is not None:
+            bed.close()
+    table, totals = analyse(*marked)
+    plain_totals = [(e - s) / 1e3 for s, e in plain[1]["times"]]
+    where = "two hosts (bed)" if args.hosts else "one host"
+    print(f"{args.bytes}-byte cross-process jax.device_put, {where}, {args.reps} transfers; "
+          f"µs from the receiver's barrier exit, medians")
+    print(f"{'step':<22} {'process':<9} {'µs':>8} {'gap':>8}")
+    previous = 0.0
+    for name, who, median, count in table:
+        print(f"{name:<22} {who:<9} {median:8.1f} {median - previous:8.1f}")
+        previous = median
+    print(f"{'block_until_ready':<22} {'receiver':<9} {statistics.median(totals):8.1f}")
+    print(f"whole receive with marks: {statistics.median(totals):.1f} µs; "
+          f"without (same run, another job): {statistics.median(plain_totals):.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
