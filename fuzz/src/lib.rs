@@ -159,7 +159,7 @@ pub fn check_tcp_response(bytes: &[u8]) {
 
 // --------------------------------- session -----------------------------------
 
-/// `ProcessEntry::decode` on a peer's session entry (`xs3 ...`).
+/// `ProcessEntry::decode` on a peer's session entry (`xs4 ...`).
 pub fn check_session_entry(bytes: &[u8]) {
     let entry = match ProcessEntry::decode(3, bytes) {
         Ok(entry) => entry,
@@ -195,6 +195,7 @@ fn join_with_epoch_record(record: &[u8]) -> pjrt_crosshost::status::Result<(Stri
         1,
         0,
         LocalDevices::sequential(1, "fuzz"),
+        "shm",
         Duration::from_secs(1),
         |epoch: &str, secret: Secret| {
             seen = Some((epoch.to_string(), secret));

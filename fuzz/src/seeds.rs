@@ -207,6 +207,7 @@ pub fn all() -> Vec<Seed> {
                 host: host(),
                 pid: 4242,
                 control: None,
+                transport: "ucx".into(),
             },
         ),
         (
@@ -219,6 +220,7 @@ pub fn all() -> Vec<Seed> {
                 host: host(),
                 pid: 7,
                 control: Some(control_endpoint()),
+                transport: "tcp".into(),
             },
         ),
         (
@@ -234,6 +236,7 @@ pub fn all() -> Vec<Seed> {
                     unix_name: "pjrt-crosshost/1/ffffffffffffffff".into(),
                     tcp: "[::1]:9".parse().unwrap(),
                 }),
+                transport: "shm".into(),
             },
         ),
     ] {

@@ -27,7 +27,10 @@ fn f1_tcp_response_message_stays_within_its_limit_and_round_trips() {
 /// `MAX_DEVICES_PER_PROCESS` are now malformed entries.
 #[test]
 fn f2_absurd_peer_device_counts_are_refused_as_malformed() {
-    for path in ["session_entry/device-count-a", "session_entry/device-count-b"] {
+    for path in [
+        "session_entry/device-count-a",
+        "session_entry/device-count-b",
+    ] {
         let error = ProcessEntry::decode(1, &found(path)).unwrap_err();
         assert_eq!(error.code, Code::DataLoss, "{path}: {error}");
         crosshost_fuzz::check_session_entry(&found(path));
