@@ -60,11 +60,12 @@ class BedJob:
         self.tmp_path = tmp_path
         self.kill_point = kill_point
 
-    def start(self, node, scenario, order=None, kill=False):
+    def start(self, node, scenario, order=None, kill=False, extra_options=None):
         import subprocess
 
+        options = {**self.options, **(extra_options or {})}
         cfg = {"lib": str(library_path()), "kv": self.kv_address, "session": self.session,
-               "node": node, "scenario": scenario, "order": order, "options": self.options}
+               "node": node, "scenario": scenario, "order": order, "options": options}
         env = dict(self.env)
         if kill:
             env["PJRT_CROSSHOST_TEST_KILL_POINT"] = self.kill_point
@@ -196,3 +197,25 @@ def test_transport_ucx_without_ucx_fails_creation_naming_where_it_looked(two_hos
         message = error["message"]
         assert "transport=ucx" in message, message
         assert "libucp.so.0" in message and "PJRT_CROSSHOST_UCX_LIBRARY" in message, message
+
+
+def test_a_receiver_that_advertises_an_unreachable_address_gets_an_error_naming_it(
+        two_hosts, tmp_path):
+    # Host b listens everywhere but advertises an address nobody has (a NAT
+    # or a wrong advertise_address): the sender's error says which address
+    # it tried, whose it was, and which option sets it.
+    job = BedJob(two_hosts, tmp_path, hide_ucx=True,
+                 options={"receive_timeout_ms": 8000, "send_timeout_ms": 8000})
+    receiver = job.start(1, "v2", "recv_first",
+                         extra_options={"advertise_address": "10.77.0.99", "tcp_bind": "0.0.0.0"})
+    sender = job.start(0, "v2", "recv_first")
+    sent = job.result(sender)
+    assert "OK" not in sent["sends"], sent["sends"]
+    for message in sent["sends"]:
+        assert message.startswith("UNAVAILABLE"), message
+        assert "10.77.0.99" in message and "advertise_address" in message, message
+    # The receiver hears nothing from a sender that cannot reach it: its
+    # receives end at their deadline, not never.
+    received = job.result(receiver)
+    assert all(b.startswith("DEADLINE_EXCEEDED") for b in received["buffers"]), received
+    assert received["metrics"]["keys_outstanding"] == 0, received["metrics"]

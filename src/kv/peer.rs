@@ -105,7 +105,18 @@ impl PeerStore {
                 request_timeout: timeout,
                 ..ControlConfig::default()
             },
-        )?;
+        )
+        .map_err(|e| {
+            // Name where the address came from: an advertised address this
+            // host does not own needs tcp_bind to listen on another one.
+            crate::status::Status::new(
+                e.code,
+                format!(
+                    "{} (the address was chosen by {}; to advertise an address this host does not hold, set tcp_bind to one it does, e.g. 0.0.0.0)",
+                    e.message, advertised.source
+                ),
+            )
+        })?;
         Ok(Arc::new(PeerStore {
             me,
             secret,
