@@ -7,8 +7,8 @@ use super::client::Client;
 use super::device::Device;
 use super::element_type::{ElementType, Shape};
 use crate::backend::compute_plugin::{
-    buffer_dims, buffer_element_type, ComputeClient, ComputeReceive, HeldSource, InnerBuffer,
-    InnerPtr,
+    buffer_dims, buffer_element_type, watch_receive, ComputeClient, ComputeReceive, HeldSource,
+    InnerBuffer, InnerPtr,
 };
 use crate::backend::{Allocation, DevicePlacement};
 use crate::status::{internal, invalid_argument, Outcome, Result, Status};
@@ -144,7 +144,11 @@ impl Client {
                 &shape.dims,
                 shape.element_type.is_sub_byte(),
             )?;
-            handles.push(alias.take_handle());
+            let handle = alias.take_handle();
+            // Entered before the caller sees the handle: until the receive
+            // succeeded, reading its memory waits, or fails with its status.
+            let watch = handle.as_ref().map(|h| watch_receive(h.raw()));
+            handles.push(handle);
             let byte_size = shape.byte_size();
             let record: RecordReceived = Box::new(move |outcome: &Outcome, bytes: &Allocation| {
                 let fulfilled = match outcome {
@@ -155,8 +159,11 @@ impl Client {
                     ),
                     Err(status) => alias.fail(status),
                 };
-                if let Err(e) = fulfilled {
+                if let Err(e) = &fulfilled {
                     log::error!("recording a received buffer in the compute plugin: {e}");
+                }
+                if let Some(watch) = watch {
+                    watch.settle(&outcome.clone().and(fulfilled));
                 }
             });
             requests.push(ReceiveRequest {

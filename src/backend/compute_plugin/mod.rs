@@ -19,6 +19,7 @@ mod buffers;
 mod client;
 mod errors;
 mod holds;
+mod receives;
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub use buffers::{
 pub use client::{ComputeClient, ComputeDevice, ComputeMemory, InnerOptions};
 pub use errors::take_inner_error;
 pub use holds::{defer_delete, defer_destroy, delete_deferred, HeldSource};
+pub use receives::{
+    await_receive, check_receive, forget as forget_receive, watch as watch_receive, ReceiveWatch,
+};
 
 /// Environment variable naming the compute plugin when neither the create
 /// option nor `configure` does.

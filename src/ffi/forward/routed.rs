@@ -173,14 +173,9 @@ routed_entries! {
     PJRT_Buffer_DynamicDimensionIndices(PJRT_Buffer_DynamicDimensionIndices_Args.buffer) => ours(BufferHandle, buffer::buffer_dynamic_dimension_indices);
     PJRT_Buffer_GetMemoryLayout(PJRT_Buffer_GetMemoryLayout_Args.buffer) => ours(BufferHandle, buffer::buffer_get_memory_layout);
     PJRT_Buffer_OnDeviceSizeInBytes(PJRT_Buffer_OnDeviceSizeInBytes_Args.buffer) => ours(BufferHandle, buffer::buffer_on_device_size_in_bytes);
-    PJRT_Buffer_ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args.src) => ours(BufferHandle, buffer::buffer_to_host_buffer);
     PJRT_Buffer_IsOnCpu(PJRT_Buffer_IsOnCpu_Args.buffer) => ours(BufferHandle, buffer::buffer_is_on_cpu);
     PJRT_Buffer_ReadyEvent(PJRT_Buffer_ReadyEvent_Args.buffer) => ours(BufferHandle, buffer::buffer_ready_event);
-    PJRT_Buffer_UnsafePointer(PJRT_Buffer_UnsafePointer_Args.buffer) => ours(BufferHandle, buffer::buffer_unsafe_pointer);
-    PJRT_Buffer_IncreaseExternalReferenceCount(PJRT_Buffer_IncreaseExternalReferenceCount_Args.buffer) => ours(BufferHandle, buffer::buffer_increase_external_reference_count);
     PJRT_Buffer_DecreaseExternalReferenceCount(PJRT_Buffer_DecreaseExternalReferenceCount_Args.buffer) => ours(BufferHandle, buffer::buffer_decrease_external_reference_count);
-    PJRT_Buffer_OpaqueDeviceMemoryDataPointer(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args.buffer) => ours(BufferHandle, buffer::buffer_opaque_device_memory_data_pointer);
-    PJRT_Buffer_CopyRawToHost(PJRT_Buffer_CopyRawToHost_Args.buffer) => ours(BufferHandle, buffer::buffer_copy_raw_to_host);
     PJRT_Buffer_CopyRawToHostFuture(PJRT_Buffer_CopyRawToHostFuture_Args.buffer) => ours(BufferHandle, unimplemented::PJRT_Buffer_CopyRawToHostFuture);
     PJRT_Buffer_DonateWithControlDependency(PJRT_Buffer_DonateWithControlDependency_Args.buffer) => ours(BufferHandle, unimplemented::PJRT_Buffer_DonateWithControlDependency);
     PJRT_Buffer_Bitcast(PJRT_Buffer_Bitcast_Args.buffer) => ours(BufferHandle, unimplemented::PJRT_Buffer_Bitcast);

@@ -156,6 +156,8 @@ routed_with!(PJRT_Buffer_Memory, PJRT_Buffer_Memory_Args.buffer: BufferHandle =>
 
 routed_with!(PJRT_Buffer_CopyToDevice, PJRT_Buffer_CopyToDevice_Args.buffer: BufferHandle => buffer::buffer_copy_to_device, |raw, plugin| {
     const F: &str = "PJRT_Buffer_CopyToDevice";
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::check_receive(unsafe { (*raw).buffer }, F)?;
     // SAFETY: a field the caller's struct covers; restored by the guard.
     let _device = unsafe {
         let inner = inner_device((*raw).dst_device, F, "dst_device")?;
@@ -169,6 +171,8 @@ routed_with!(PJRT_Buffer_CopyToDevice, PJRT_Buffer_CopyToDevice_Args.buffer: Buf
 
 routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: BufferHandle => buffer::buffer_copy_to_memory, |raw, plugin| {
     const F: &str = "PJRT_Buffer_CopyToMemory";
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::check_receive(unsafe { (*raw).buffer }, F)?;
     // SAFETY: a field the caller's struct covers; restored by the guard.
     let _memory = unsafe {
         let inner = inner_memory((*raw).dst_memory, F, "dst_memory")?;
@@ -180,10 +184,45 @@ routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: Buf
     crate::inner_call!(plugin.as_ref(), PJRT_Buffer_CopyToMemory, raw)
 });
 
+// A receive buffer reads only once its receive succeeded; a failed one
+// answers with the transfer's status (`compute_plugin/receives.rs`): XLA's
+// CPU plugin aborts the process when its memory is asked for before.
+routed_with!(PJRT_Buffer_IncreaseExternalReferenceCount, PJRT_Buffer_IncreaseExternalReferenceCount_Args.buffer: BufferHandle => buffer::buffer_increase_external_reference_count, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_IncreaseExternalReferenceCount")?;
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_IncreaseExternalReferenceCount, raw)
+});
+
+routed_with!(PJRT_Buffer_OpaqueDeviceMemoryDataPointer, PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args.buffer: BufferHandle => buffer::buffer_opaque_device_memory_data_pointer, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_OpaqueDeviceMemoryDataPointer")?;
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer, raw)
+});
+
+routed_with!(PJRT_Buffer_UnsafePointer, PJRT_Buffer_UnsafePointer_Args.buffer: BufferHandle => buffer::buffer_unsafe_pointer, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_UnsafePointer")?;
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_UnsafePointer, raw)
+});
+
+routed_with!(PJRT_Buffer_ToHostBuffer, PJRT_Buffer_ToHostBuffer_Args.src: BufferHandle => buffer::buffer_to_host_buffer, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::check_receive(unsafe { (*raw).src }, "PJRT_Buffer_ToHostBuffer")?;
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_ToHostBuffer, raw)
+});
+
+routed_with!(PJRT_Buffer_CopyRawToHost, PJRT_Buffer_CopyRawToHost_Args.buffer: BufferHandle => buffer::buffer_copy_raw_to_host, |raw, plugin| {
+    // SAFETY: a field the caller's struct covers.
+    compute_plugin::check_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_CopyRawToHost")?;
+    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_CopyRawToHost, raw)
+});
+
 // A buffer being sent is held: its destroy or delete waits for the send
 // (`compute_plugin/holds.rs`).
 routed_with!(PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args.buffer: BufferHandle => buffer::buffer_destroy, |raw, plugin| {
     // SAFETY: a field the caller's struct covers.
+    compute_plugin::forget_receive(unsafe { (*raw).buffer });
+    // SAFETY: as above.
     if compute_plugin::defer_destroy(unsafe { (*raw).buffer }) {
         return Ok(());
     }
@@ -286,7 +325,11 @@ foreign_with!(
                         continue;
                     }
                     for a in 0..(*raw).num_args {
-                        require_compute_buffer(*list.add(a), F, "argument_lists")?;
+                        let argument = *list.add(a);
+                        require_compute_buffer(argument, F, "argument_lists")?;
+                        // A failed receive: its own status, not the
+                        // plugin's INTERNAL from inside the execution.
+                        compute_plugin::check_receive(argument, F)?;
                     }
                 }
             }
@@ -437,6 +480,11 @@ translated_table! {
     PJRT_Buffer_Memory(PJRT_Buffer_Memory_Args.buffer),
     PJRT_Buffer_CopyToDevice(PJRT_Buffer_CopyToDevice_Args.buffer),
     PJRT_Buffer_CopyToMemory(PJRT_Buffer_CopyToMemory_Args.buffer),
+    PJRT_Buffer_IncreaseExternalReferenceCount(PJRT_Buffer_IncreaseExternalReferenceCount_Args.buffer),
+    PJRT_Buffer_OpaqueDeviceMemoryDataPointer(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args.buffer),
+    PJRT_Buffer_UnsafePointer(PJRT_Buffer_UnsafePointer_Args.buffer),
+    PJRT_Buffer_ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args.src),
+    PJRT_Buffer_CopyRawToHost(PJRT_Buffer_CopyRawToHost_Args.buffer),
     PJRT_LoadedExecutable_AddressableDevices(PJRT_LoadedExecutable_AddressableDevices_Args.executable),
     PJRT_LoadedExecutable_Destroy(PJRT_LoadedExecutable_Destroy_Args.executable),
     PJRT_LoadedExecutable_Execute(PJRT_LoadedExecutable_Execute_Args.executable),

@@ -1,0 +1,131 @@
+"""One process of the two-process JAX job of
+test_jax_failed_receive.py: receives that fail, then the job goes on.
+
+    python jax_failed_receive_worker.py PROCESS_ID COORDINATOR_PORT OUT_JSON
+
+Process 0 sends, process 1 receives (JAX_PLATFORMS=crosshost, the plugin's
+receive_timeout_ms set short by the test). Two receives fail, each in its
+own way, and process 1 then uses the failed array every way a JAX user
+would -- block_until_ready, np.asarray, jit (with a compute plugin), a
+device_put to its other device -- recording what each raised, or that it did not raise:
+
+``mismatch``: process 0 sends 4 float32 into a receive for 5: the sender's
+  check of the destination fails both sides with INVALID_ARGUMENT.
+``timeout``: process 1 receives a transfer process 0 never sends: it ends
+  with DEADLINE_EXCEEDED. JAX numbers transfers per process, so process 0
+  then sends one array nobody receives (its send fails on its own, later)
+  and the two sides' numbers agree again.
+
+Then ROUNDS_AFTER arrays go across and process 1 checks every byte: one
+failed transfer does not end the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+ROUNDS_AFTER = 100
+BARRIER_TIMEOUT_MS = 120_000
+
+
+def outcome(call) -> dict:
+    try:
+        value = call()
+    except Exception as e:  # noqa: BLE001 - what JAX raised is the result
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None, "value": repr(value)[:200]}
+
+
+def main() -> int:
+    process_id, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    result: dict = {"process_id": process_id, "errors": [], "failures": {}}
+    try:
+        import jax
+        import jax.numpy as jnp
+        from jax._src import distributed
+        from jax.sharding import SingleDeviceSharding
+
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=2,
+            process_id=process_id,
+            initialization_timeout=60,
+        )
+        kv = distributed.global_state.client
+        # Embedded, the plugin has no compiler: jit is UNIMPLEMENTED there.
+        compiles = os.environ.get("CROSSHOST_TEST_MODE") == "delegated"
+        src = [d for d in jax.devices() if d.process_index == 0][0]
+        dst, other = [d for d in jax.devices() if d.process_index == 1][:2]
+
+        def put(shape, seed):
+            """Process 0's array, or process 1's placeholder for it, sent to dst."""
+            expected = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+            if process_id == 0:
+                x = jax.device_put(expected, src)
+            else:
+                x = jax.make_array_from_single_device_arrays(
+                    expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype)
+            return expected, jax.device_put(x, SingleDeviceSharding(dst))
+
+        def use_failed(name, y):
+            """Every way to read or compute on the failed receive."""
+            shard = y.addressable_shards[0].data
+            uses = {
+                "block_until_ready": outcome(lambda: y.block_until_ready()),
+                "asarray": outcome(lambda: np.asarray(shard)),
+                "device_put": outcome(lambda: np.asarray(jax.device_put(shard, other))),
+            }
+            if compiles:
+                uses["jit"] = outcome(lambda: np.asarray(jax.jit(lambda a: a * 2)(shard)))
+            result["failures"][name] = uses
+
+        # mismatch: the sender's 4 elements for a receive of 5.
+        if process_id == 0:
+            x = jax.device_put(np.arange(4, dtype=np.float32), src)
+            y = jax.device_put(x, SingleDeviceSharding(dst))
+            result["mismatch_send"] = outcome(lambda: y.block_until_ready())
+        else:
+            x = jax.make_array_from_single_device_arrays(
+                (5,), SingleDeviceSharding(src), [], dtype=np.float32)
+            use_failed("mismatch", jax.device_put(x, SingleDeviceSharding(dst)))
+        kv.wait_at_barrier("failed_receive_mismatch", BARRIER_TIMEOUT_MS)
+
+        # timeout: process 1 waits for an array process 0 sends only after
+        # the receive has failed (and into nobody's receive).
+        if process_id == 1:
+            x = jax.make_array_from_single_device_arrays(
+                (3,), SingleDeviceSharding(src), [], dtype=np.float32)
+            use_failed("timeout", jax.device_put(x, SingleDeviceSharding(dst)))
+        kv.wait_at_barrier("failed_receive_timeout", BARRIER_TIMEOUT_MS)
+        if process_id == 0:
+            orphan = jax.device_put(jax.device_put(np.zeros(3, np.float32), src),
+                                    SingleDeviceSharding(dst))
+            del orphan
+
+        # The job goes on.
+        checks = []
+        for i in range(ROUNDS_AFTER):
+            expected, y = put((1 + i % 7, 1 + i % 5), 5000 + i)
+            if process_id == 1:
+                got = np.asarray(y.addressable_shards[0].data)
+                checks.append(bool(got.tobytes() == expected.tobytes()))
+                if i == 0 and compiles:
+                    result["computed"] = float(jnp.sum(y.addressable_shards[0].data))
+                    result["computed_expected"] = float(np.sum(expected))
+        result["checks_after"] = checks
+        kv.wait_at_barrier("failed_receive_done", BARRIER_TIMEOUT_MS)
+    except Exception:  # noqa: BLE001 - reported to the test through the JSON
+        result["errors"].append(traceback.format_exc())
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+    sys.stdout.flush()
+    return 0 if not result["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""A failed cross-process receive inside JAX is an error, never an abort.
+
+Two JAX processes (jax_failed_receive_worker.py, receive_timeout_ms=3000):
+a receive whose sender's array has the wrong size (INVALID_ARGUMENT, from
+the sender's check of the destination) and one that is never sent
+(DEADLINE_EXCEEDED). On each failed array the receiver calls
+block_until_ready, np.asarray, jit (delegated only) and device_put to its other device: every
+one raises the transfer's own status -- XLA's CPU plugin, delegated to,
+aborts the process when asked for the memory of an alias buffer that was
+fulfilled with an error, so the plugin answers those calls itself
+(backend/compute_plugin/receives.rs). Then 100 more arrays go across and
+every byte is checked. Embedded and delegating to XLA's CPU plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from jax_harness import HERE, child_env, free_port, kill_group, skip_unless_jax, start
+
+pytestmark = skip_unless_jax()
+
+WORKER = HERE / "jax_failed_receive_worker.py"
+TIMEOUT_S = 240
+OPTIONS = "receive_timeout_ms=3000,send_timeout_ms=3000"
+EXPECTED = {"mismatch": "INVALID_ARGUMENT", "timeout": "DEADLINE_EXCEEDED"}
+USES = ["block_until_ready", "asarray", "device_put"]
+
+
+def run_job(tmp_path, compute):
+    port = free_port()
+    env = child_env({"PJRT_CROSSHOST_CREATE_OPTIONS": OPTIONS}, compute=compute)
+    outs = [tmp_path / f"result{p}.json" for p in (0, 1)]
+    logs = [tmp_path / f"log{p}.txt" for p in (0, 1)]
+    procs = []
+    try:
+        for p in (0, 1):
+            with open(logs[p], "w") as log:
+                procs.append(start([str(WORKER), str(p), str(port), str(outs[p])], env, log=log))
+        deadline = time.monotonic() + TIMEOUT_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail("the job timed out; logs:\n" + "\n".join(
+                    f"--- process {p} ---\n{logs[p].read_text()[-4000:]}" for p in (0, 1)))
+        codes = [proc.returncode for proc in procs]
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    results = []
+    for p in (0, 1):
+        log = logs[p].read_text()[-6000:]
+        # An abort (SIGABRT: -6) is exactly what this test is about.
+        assert codes[p] == 0 and outs[p].is_file(), f"process {p} exited {codes[p]}:\n{log}"
+        result = json.loads(outs[p].read_text())
+        assert not result["errors"], "\n".join(result["errors"]) + f"\n--- log ---\n{log}"
+        results.append(result)
+    return results
+
+
+@pytest.mark.parametrize("compute", [None, "fastatomstruct"])
+def test_a_failed_receive_raises_its_own_status_everywhere_and_the_job_goes_on(tmp_path, compute):
+    _, receiver = run_job(tmp_path, compute)
+    failures = receiver["failures"]
+    assert sorted(failures) == sorted(EXPECTED), failures
+    # Embedded, the plugin has no compiler to run jit with.
+    uses = USES if compute is None else USES + ["jit"]
+    for case, code in EXPECTED.items():
+        assert sorted(failures[case]) == sorted(uses), failures[case]
+        for use in uses:
+            got = failures[case][use]
+            assert got["raised"], f"{case}: {use} did not raise: {got}"
+            assert code in got["message"], f"{case}: {use}: {got['message']}"
+    assert "expects 20 bytes" in failures["mismatch"]["asarray"]["message"], failures["mismatch"]
+    checks = receiver["checks_after"]
+    assert len(checks) == 100 and all(checks), checks
+    if compute is not None:
+        assert receiver["computed"] == pytest.approx(receiver["computed_expected"], rel=1e-6)
