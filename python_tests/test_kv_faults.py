@@ -5,7 +5,9 @@ Two clients of one job in this process, kv_store=callbacks, so every
 transfer key goes through the PJRT KV callbacks that PjrtKvCallbacks
 implements over FaultyKv: a store with blocking gets and no overwrite (as
 JAX's coordination service) whose get / try_get / put / delete can fail,
-hang, return garbage or return a huge value on the transfer keys. For each,
+hang, return garbage or return a huge value on the transfer keys, return
+an error pointer the plugin's callback_error never made, or raise through
+ctypes (which returns an undefined pointer). For each,
 one v2 transfer must end on both sides within its timeout with the right
 bytes or a clear error, and destroying both clients must return promptly
 while calls are still stuck in a callback (released at the end).
@@ -22,11 +24,20 @@ import pjrt_ctypes as pc
 import transfer_helpers as th
 from kv_server import KvStoreError
 
+# The "raise" faults escape their ctypes callback on purpose; pytest reports
+# each as an unraisable exception.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 BT = pc.BufferType
 EC = pc.ErrorCode
 TIMEOUT_MS = 1500
 SLACK_S = 1.0  # issue 11: no wait may exceed its timeout by more than 1 s
 HUGE = 16 << 20
+#: An error pointer no callback_error made: reading it would fault.
+UNMAPPED = 0xDEAD0000
+#: Callbacks that return what the plugin must not read: a foreign pointer,
+#: and a raise through ctypes (an undefined return value).
+FOREIGN = ["foreign", "raise"]
 
 
 class FaultyKv:
@@ -46,6 +57,10 @@ class FaultyKv:
         if kind == "hang":
             self.release.wait(120)
             raise KvStoreError(f"injected: {op} {key} hung")
+        if kind == "foreign":
+            raise th.ForeignErrorPointer(UNMAPPED)
+        if kind == "raise":
+            raise th.RaiseThroughCtypes(f"{op} {key}")
         if kind == "garbage":
             return True, b"\x00\xffnot a value the plugin wrote"
         return True, b"\xa5" * HUGE
@@ -158,7 +173,13 @@ def check_bounded(r: dict) -> None:
             assert outcome.message, outcome
 
 
-@pytest.mark.parametrize("fault", ["error", "hang", "garbage", "huge"])
+def assert_named_foreign(r: dict) -> None:
+    """One side's error names the callback's foreign error pointer."""
+    messages = [o.message for o in (r["receive"], r["send"]) if o is not None]
+    assert any("did not make" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("fault", ["error", "hang", "garbage", "huge"] + FOREIGN)
 def test_a_faulty_get_ends_both_sides_with_an_error_in_time(api, xh, fault):
     r = run_transfer(api, xh, "get", fault)
     check_bounded(r)
@@ -166,23 +187,30 @@ def test_a_faulty_get_ends_both_sides_with_an_error_in_time(api, xh, fault):
     if fault in ("garbage", "huge"):
         assert r["receive"].code == EC.DEADLINE_EXCEEDED, r
         assert r["metrics"]["stale_receipts_rejected"] >= 1, r
+    if fault == "foreign":
+        assert_named_foreign(r)
 
 
-@pytest.mark.parametrize("fault", ["error", "hang"])
+@pytest.mark.parametrize("fault", ["error", "hang"] + FOREIGN)
 def test_a_faulty_put_ends_both_sides_with_an_error_in_time(api, xh, fault):
     r = run_transfer(api, xh, "put", fault)
     check_bounded(r)
+    if fault == "raise":  # a put that may read as done: bounded, never a lie
+        return
     assert r["send"] is not None and r["receive"] is not None, r
+    if fault == "foreign":
+        assert_named_foreign(r)
 
 
-@pytest.mark.parametrize("fault", ["error", "hang"])
+@pytest.mark.parametrize("fault", ["error", "hang"] + FOREIGN)
 def test_a_faulty_delete_keeps_the_transfer_ok_and_is_counted(api, xh, fault):
     r = run_transfer(api, xh, "delete", fault)
     check_bounded(r)
     assert r["send"] is None and r["receive"] is None, r
-    assert r["metrics"]["delete_failures"] == 2, r["metrics"]
+    if fault != "raise":  # an undefined return may read as a success
+        assert r["metrics"]["delete_failures"] == 2, r["metrics"]
 
 
-@pytest.mark.parametrize("fault", ["error", "hang", "garbage", "huge"])
+@pytest.mark.parametrize("fault", ["error", "hang", "garbage", "huge"] + FOREIGN)
 def test_a_faulty_try_get_never_makes_a_transfer_lie_or_hang(api, xh, fault):
     check_bounded(run_transfer(api, xh, "try_get", fault))

@@ -599,6 +599,22 @@ class RemoteSend:
 # --------------------------------------------------------------------------
 
 
+class ForeignErrorPointer(Exception):
+    """Raised by a store operation under PjrtKvCallbacks: the callback then
+    returns ``pointer`` as its error, one the plugin's callback_error never
+    made."""
+
+    def __init__(self, pointer: int):
+        super().__init__(hex(pointer))
+        self.pointer = pointer
+
+
+class RaiseThroughCtypes(BaseException):
+    """Raised by a store operation under PjrtKvCallbacks: escapes the
+    callback, so ctypes returns an undefined pointer (what a user's own
+    callback that raises does)."""
+
+
 class PjrtKvCallbacks:
     """get / try_get / put callbacks for PJRT_Client_Create_Args and the
     plugin's KV delete extension, all forwarding to ``kv`` (a KvClient).
@@ -651,6 +667,8 @@ class PjrtKvCallbacks:
                     with self._lock:
                         self.counts[name] += 1
                     return body(args)
+                except ForeignErrorPointer as e:  # injected: not our error
+                    return e.pointer
                 except KvStoreError as e:  # injected by the test: a store error
                     with self._lock:
                         self.injected.append((name, str(e)))

@@ -5,18 +5,23 @@
 //! delete (`kv_delete_route.rs`).
 //!
 //! Errors. Each call hands the callback `callback_error`, a pointer to our
-//! `PJRT_CallbackError` implementation. That builds a `CallbackErrorBox`,
-//! which is a well-formed PJRT 0.114 `PJRT_Error` (vtable first), so an
-//! error returned by a callback is decoded the same way whether it came from
-//! our `callback_error` or — against the contract, but possible — from
-//! somewhere else: through its own vtable (`get_code`, `message`, then
-//! `destroy`). Values are copied, then freed with the callback's
+//! `PJRT_CallbackError` implementation, which makes one of the plugin's own
+//! error objects and notes its address. An error pointer a callback returns
+//! is read only if `callback_error` made it and it was not taken yet;
+//! anything else becomes an `UNKNOWN` error naming the callback and is never
+//! dereferenced: a Python callback that raises through ctypes returns
+//! whatever the return register held, and reading that crashed the process.
+//! Values are copied, then freed with the callback's
 //! `value_deleter_callback`.
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
 use std::os::raw::c_char;
 use std::ptr;
 use std::time::Duration;
+
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
 
 use crate::ffi::bindings::*;
 use crate::ffi::errors::error_into_raw;
@@ -48,17 +53,28 @@ unsafe extern "C" fn callback_error(
     let message = unsafe { crate::ffi::args::lossy_str(message, message_size) };
     // The plugin's own error object (ffi/errors.rs): a well-formed
     // PJRT_Error whose vtable any reader can use.
-    error_into_raw(Status::new(Code::from_raw(code as i32), message))
+    let error = error_into_raw(Status::new(Code::from_raw(code as i32), message));
+    ISSUED.lock().insert(error as usize);
+    error
 }
 
-/// Turns an error a callback returned (made by our `callback_error`, or by
-/// any other implementation of the header's error vtable) into a Status
-/// naming the call, and frees it.
+/// Errors `callback_error` made that no callback has returned yet.
+static ISSUED: Lazy<Mutex<HashSet<usize>>> = Lazy::new(Default::default);
+
+/// Turns an error a callback returned into a Status naming the call, and
+/// frees it, if `callback_error` made it; any other pointer is not read.
 ///
 /// # Safety
-/// `error` is a non-null, live `PJRT_Error` that the caller owns.
+/// None beyond the callback contract: `error` is compared, not read, unless
+/// it is one of ours.
 unsafe fn take_error(error: *mut PJRT_Error, what: &str) -> Status {
-    // SAFETY: forwarded contract.
+    if !ISSUED.lock().remove(&(error as usize)) {
+        return status::unknown(format!(
+            "{what}: the callback returned an error that its callback_error did not make              ({error:p}; a Python callback that raised through ctypes returns an undefined              pointer); it was not read"
+        ));
+    }
+    // SAFETY: made by callback_error (error_into_raw), not freed since: it
+    // left ISSUED only now, and only here.
     let status = unsafe { crate::ffi::errors::take_error(error) }
         .unwrap_or_else(|| status::unknown("null error"));
     Status::new(status.code, format!("{what}: {}", status.message))
@@ -488,6 +504,47 @@ mod tests {
         kv.put("k", b"v").unwrap();
         kv.delete("k").unwrap().unwrap();
         assert!(backing.is_empty());
+    }
+
+    /// A put that returns a pointer `callback_error` never made: an
+    /// unmapped address, which reading would fault on.
+    unsafe extern "C" fn foreign_error_put(
+        _args: *mut PJRT_KeyValuePutCallback_Args,
+    ) -> *mut PJRT_Error {
+        0xdead_0000usize as *mut PJRT_Error
+    }
+
+    #[test]
+    fn an_error_pointer_callback_error_did_not_make_is_unknown_and_never_read() {
+        let backing = MemoryStore::new();
+        let mut args = create_args(&backing, ptr::null_mut());
+        args.kv_put_callback = Some(foreign_error_put);
+        // SAFETY: valid args whose callbacks outlive `kv`.
+        let kv = unsafe { PjrtKvCallbacks::from_create_args(&args) }.unwrap();
+        let err = kv.put("k", b"v").unwrap_err();
+        assert_eq!(err.code, Code::Unknown);
+        assert!(err.message.contains("kv_put_callback"), "{err}");
+        assert!(err.message.contains("did not make"), "{err}");
+        // An error of ours is read once; the same pointer again is foreign.
+        let error = {
+            let message = "taken";
+            // SAFETY: our own callback_error with a valid message.
+            unsafe {
+                callback_error(
+                    Code::Aborted as PJRT_Error_Code,
+                    message.as_ptr() as *const c_char,
+                    message.len(),
+                )
+            }
+        };
+        // SAFETY: made by callback_error just now.
+        let first = unsafe { take_error(error, "x") };
+        assert_eq!(
+            (first.code, first.message.as_str()),
+            (Code::Aborted, "x: taken")
+        );
+        // SAFETY: compared only (taken and freed above).
+        assert_eq!(unsafe { take_error(error, "x") }.code, Code::Unknown);
     }
 
     #[test]
