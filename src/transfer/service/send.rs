@@ -103,6 +103,68 @@ impl TransferService {
         });
     }
 
+    /// A descriptor read from a store names a destination of process
+    /// `peer`, whatever the store says: its host, its pid, its TCP address
+    /// (as far as the session table knows it), its UCX process, the owner
+    /// in its shared-memory name. A descriptor that names anything else
+    /// (someone who can write the store pointing this send at another
+    /// listener or segment) is refused. The session entries hold no port
+    /// of the TCP server, so a descriptor naming another port at the
+    /// receiver's own address passes here: only `job_secret_file`, which
+    /// seals every value, keeps such a descriptor out.
+    fn check_destination_process(
+        &self,
+        descriptor: &Descriptor,
+        peer: i32,
+        desc_key: &str,
+    ) -> Result<()> {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        let refuse = |what: String| {
+            Err(Status::new(
+                Code::PermissionDenied,
+                format!(
+                    "{F}: the descriptor at {desc_key} names {what}, not a destination of \
+                     process {peer} (its session entry says otherwise); refused, nothing was \
+                     sent. Someone who can write the job's store wrote it: set \
+                     job_secret_file to seal the store's values"
+                ),
+            ))
+        };
+        let Some(entry) = self
+            .session
+            .processes
+            .iter()
+            .find(|p| p.process_index == peer)
+        else {
+            return refuse(format!("a process ({peer}) the session does not have"));
+        };
+        if descriptor.host != entry.host || descriptor.process_id != entry.pid {
+            return refuse(format!(
+                "host {} pid {}",
+                descriptor.host.hostname, descriptor.process_id
+            ));
+        }
+        match &descriptor.allocation {
+            AllocationHandle::Tcp { endpoint } => match &entry.control {
+                Some(control) if control.tcp.ip() != endpoint.ip() => {
+                    refuse(format!("the TCP address {endpoint}"))
+                }
+                _ => Ok(()),
+            },
+            AllocationHandle::Ucx { process } if *process as i64 != peer as i64 => {
+                refuse(format!("the UCX worker of process {process}"))
+            }
+            AllocationHandle::SharedMemory { name } => {
+                match crate::transport::shm::shm_name_owner(name) {
+                    Ok(owner) if owner.pid == entry.pid => Ok(()),
+                    _ => refuse(format!("the shared-memory object {name}")),
+                }
+            }
+            AllocationHandle::InProcess { .. } => refuse("an allocation of this process".into()),
+            _ => Ok(()),
+        }
+    }
+
     /// After the bytes went (or did not): the receipt, and the send's
     /// outcome once the store has it. `copied` is the watch of a receiving
     /// process whose shared memory was written, if any.
@@ -486,14 +548,19 @@ impl TransferService {
                 let Some(source) = slot.lock().take() else {
                     return;
                 };
-                let started = value.and_then(|bytes| {
-                    Descriptor::decode(&bytes).map_err(|e| {
-                        status::invalid_argument(format!(
-                            "{F}: descriptor at {desc_key}: {}",
-                            e.message
-                        ))
+                let started = value
+                    .and_then(|bytes| {
+                        Descriptor::decode(&bytes).map_err(|e| {
+                            status::invalid_argument(format!(
+                                "{F}: descriptor at {desc_key}: {}",
+                                e.message
+                            ))
+                        })
                     })
-                });
+                    .and_then(|descriptor| {
+                        service.check_destination_process(&descriptor, peer, &desc_key)?;
+                        Ok(descriptor)
+                    });
                 match started {
                     Ok(descriptor) => {
                         crate::sync::timeline::mark(
