@@ -185,6 +185,7 @@ def main() -> int:
         result["metrics"] = metrics
         kv.wait_at_barrier("crosshost_test_metrics", BARRIER_TIMEOUT_MS)
         result["jax_store_transfer_keys"] = jax_store_transfer_keys(kv)
+        result["jax_store_values"] = jax_store_values(kv)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
     return finish(result, out_path)
@@ -196,6 +197,13 @@ def jax_store_transfer_keys(kv) -> list[str]:
     platform name ("crosshost:crosshost/recv/...")."""
     entries = kv.key_value_dir_get_bytes("crosshost:crosshost")
     return [k for k, _ in entries if "/recv/" in k or "/desc/" in k]
+
+
+def jax_store_values(kv) -> dict[str, str]:
+    """Every value the plugin keeps in JAX's coordination service, by key:
+    its first bytes (a sealed value starts with ``xsv1``)."""
+    entries = kv.key_value_dir_get_bytes("crosshost:crosshost")
+    return {k: bytes(v[:8]).decode("latin-1") for k, v in entries}
 
 
 def finish(result: dict, out_path: str) -> int:

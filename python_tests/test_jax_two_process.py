@@ -41,6 +41,7 @@ receive another array's bytes. Batches from one source device always work.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -168,6 +169,29 @@ def test_cross_process_device_put_over_tcp(tmp_path, compute):
     assert not bad and len(receiver["checks"]) == receiver["num_transfers"], bad
     assert receiver["metrics"]["bytes_received"] == receiver["total_bytes"]
     assert receiver["metrics"]["stale_receipts_rejected"] == 0
+
+
+@pytest.mark.parametrize("store", ["peer", "callbacks"])
+def test_with_a_job_secret_every_value_in_jax_store_is_sealed(tmp_path, store):
+    # PJRT_CROSSHOST_JOB_SECRET_FILE: the package passes job_secret_file;
+    # what the plugin leaves in JAX's coordination service (its session;
+    # with kv_store=callbacks each transfer's keys too) is sealed, and the
+    # job's transfers are what they would be without it.
+    secret = tmp_path / "job-secret"
+    secret.write_bytes(os.urandom(32))
+    env = {"PJRT_CROSSHOST_JOB_SECRET_FILE": str(secret)}
+    if store == "callbacks":
+        env["PJRT_CROSSHOST_CREATE_OPTIONS"] = "kv_store=callbacks"
+    sender, receiver = run_job(tmp_path, env)
+    checks = receiver["checks"]
+    bad = [c for c in checks if not all(v for k, v in c.items() if k.endswith("_ok"))]
+    assert not bad and len(checks) == receiver["num_transfers"], bad
+    for side in (sender, receiver):
+        values = side["jax_store_values"]
+        assert any(k.endswith("/epoch") for k in values), values
+        unsealed = {k: v for k, v in values.items() if not v.startswith("xsv1")}
+        assert not unsealed, unsealed
+        assert side["metrics"]["forged_values_rejected"] == 0, side["metrics"]
 
 
 def test_cross_process_device_put_with_every_key_in_etcd(tmp_path):

@@ -12,9 +12,10 @@ use crate::backend::{self, Allocation, Backend};
 use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
 use crate::kv::memory::MemoryStore;
 use crate::kv::peer::{KeyRouter, PeerAddress, PeerStore};
+use crate::kv::sealed::{JobSecret, SealedStore};
 use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
-use crate::sync::Future;
+use crate::sync::{Future, Metrics};
 use crate::transfer::keys::{self, KeyReader};
 use crate::transfer::receive_budget::default_max_receive_bytes;
 use crate::transfer::service::{TransferConfig, TransferService};
@@ -176,6 +177,59 @@ fn choose_store(
         }
         StoreChoice::Default | StoreChoice::Callbacks => Arc::new(MemoryStore::new()),
     })
+}
+
+/// With `job_secret_file`, the shared store seen through `SealedStore`:
+/// nobody without the secret can read a usable value from it or write one
+/// the job accepts. Without it, a store others can reach is said once.
+fn seal_if_asked(
+    options: &ClientOptions,
+    store: Arc<dyn KeyValueStore>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn KeyValueStore>> {
+    let Some(path) = &options.job_secret_file else {
+        if options.num_nodes > 1 {
+            warn_if_store_is_reachable(options);
+        }
+        return Ok(store);
+    };
+    let secret = JobSecret::from_file(path)?;
+    Ok(Arc::new(SealedStore::new(store, secret, metrics.clone())))
+}
+
+/// Says once per process that a store reachable beyond loopback lets anyone
+/// who reaches it forge completions, and what to do about it.
+fn warn_if_store_is_reachable(options: &ClientOptions) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let reachable: Vec<String> = store_addresses(options)
+        .into_iter()
+        .filter(|address| !is_loopback_host(address))
+        .collect();
+    if reachable.is_empty() {
+        return;
+    }
+    SAID.call_once(|| {
+        log::warn!(
+            "the job's store ({}) is reachable beyond this host, and its values are not \
+             sealed: anyone who can reach it can read descriptors and forge completions. \
+             Give every process the same create option job_secret_file=<a file of 32 random \
+             bytes> (PJRT_CROSSHOST_JOB_SECRET_FILE under JAX) to seal them",
+            reachable.join(", ")
+        )
+    });
+}
+
+/// `host:port` (or `[v6]:port`) names a loopback host.
+fn is_loopback_host(address: &str) -> bool {
+    let host = match address.rsplit_once(':') {
+        Some((host, _)) => host,
+        None => address,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(feature = "etcd")]
@@ -500,7 +554,12 @@ impl Client {
             None => LocalDevices::sequential(backend.device_count(), &backend.device_kind(0)),
         };
         let etcd = connect_etcd(&options)?;
-        let framework_store = choose_store(&options, callbacks, etcd.as_ref())?;
+        let metrics = Arc::new(Metrics::new());
+        let framework_store = seal_if_asked(
+            &options,
+            choose_store(&options, callbacks, etcd.as_ref())?,
+            &metrics,
+        )?;
         let advertised = advertise::choose(&AddressHints {
             advertise_address: options.advertise_address.as_deref(),
             tcp_bind: options.tcp_bind,
@@ -587,6 +646,7 @@ impl Client {
                     .max_receive_bytes
                     .unwrap_or_else(default_max_receive_bytes),
                 completion_keys_local: peer_store.is_some(),
+                metrics: Some(metrics),
                 ..TransferConfig::default()
             },
             ucx,

@@ -93,6 +93,10 @@ pub struct ClientOptions {
     /// `ucx_library`: the libucp to load (else the environment, the libucx
     /// wheel, the system's).
     pub ucx_library: Option<String>,
+    /// `job_secret_file`: a file of at least 32 random bytes, the same for
+    /// every process of the job; with it every value in a shared store is
+    /// sealed (kv/sealed.rs).
+    pub job_secret_file: Option<std::path::PathBuf>,
     pub receive_timeout: Duration,
     pub send_timeout: Duration,
     /// How long client creation waits for the other processes.
@@ -133,6 +137,7 @@ impl Default for ClientOptions {
             tcp_bind: None,
             coordinator_address: None,
             ucx_library: None,
+            job_secret_file: None,
             receive_timeout: Duration::from_secs(300),
             send_timeout: Duration::from_secs(300),
             session_timeout: Duration::from_secs(120),
@@ -149,7 +154,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -279,6 +284,10 @@ impl ClientOptions {
                 "ucx_library" => {
                     let s = expect_str(name, value)?;
                     parsed.ucx_library = (!s.is_empty()).then(|| s.to_string());
+                }
+                "job_secret_file" => {
+                    let s = expect_str(name, value)?;
+                    parsed.job_secret_file = (!s.is_empty()).then(|| s.into());
                 }
                 "receive_timeout_ms" => parsed.receive_timeout = expect_millis(name, value)?,
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,

@@ -1,6 +1,7 @@
 //! Key-value stores: the trait the transfer layer talks to, and its
 //! implementations (embedded memory store, the PJRT client-create callbacks,
-//! etcd, a fault-injecting test wrapper).
+//! etcd, a fault-injecting test wrapper) and the sealing wrapper that keeps
+//! a shared store's contents unforgeable (`sealed.rs`).
 use std::time::Duration;
 
 use crate::status::Result;
@@ -9,6 +10,7 @@ pub mod callback;
 pub mod etcd;
 pub mod memory;
 pub mod peer;
+pub mod sealed;
 pub mod test_store;
 
 pub use callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};

@@ -13,6 +13,7 @@ Environment (all optional, read when JAX initializes its backends):
     integers are passed as int64, ``true``/``false`` as bools, the rest as
     strings. The plugin's options: num_devices, session, kv_store,
     transport (auto, tcp, ucx), advertise_address, tcp_bind, ucx_library,
+    job_secret_file,
     receive_timeout_ms, send_timeout_ms, session_timeout_ms,
     kv_call_timeout_ms, etcd_lease_ttl_s, max_receive_bytes, shm_pool_bytes.
     In a ``jax.distributed`` job the package adds ``coordinator_address``
@@ -22,6 +23,12 @@ Environment (all optional, read when JAX initializes its backends):
     ``kv_store=etcd://host:port[,host:port...]`` keeps every key of the job
     in etcd instead of JAX's coordination service (README, "etcd").
     In a ``jax.distributed`` job JAX adds node_id and num_nodes itself.
+``PJRT_CROSSHOST_JOB_SECRET_FILE``
+    A file of at least 32 random bytes, the same for every process of the
+    job (the create option ``job_secret_file``): every value the plugin
+    puts in JAX's coordination service (or etcd) is then sealed with it, so
+    whoever can reach that store can neither read a usable value nor forge
+    a completion (README, "Trust").
 ``PJRT_CROSSHOST_JAX_PRIORITY``
     Backend priority (default -100, below JAX's CPU backend at 0, so that
     installing the package never makes computations land on a backend that
@@ -64,6 +71,7 @@ PRIORITY_ENV = "PJRT_CROSSHOST_JAX_PRIORITY"
 LIBRARY_ENV = "PJRT_CROSSHOST_JAX_LIBRARY"
 COMPUTE_ENV = "PJRT_CROSSHOST_COMPUTE_PLUGIN"
 KV_DELETE_ENV = "PJRT_CROSSHOST_JAX_KV_DELETE"
+JOB_SECRET_ENV = "PJRT_CROSSHOST_JOB_SECRET_FILE"
 DEFAULT_PRIORITY = -100
 
 logger = logging.getLogger(__name__)
@@ -326,6 +334,9 @@ def _with_job_hints(options: Mapping[str, Any]) -> dict[str, Any]:
     JAX's coordination service, whose route tells each process which of its
     addresses the others can reach (``coordinator_address``)."""
     options = dict(options)
+    secret = os.environ.get(JOB_SECRET_ENV)
+    if secret and "job_secret_file" not in options:
+        options["job_secret_file"] = secret
     if "coordinator_address" not in options:
         try:
             from jax._src import distributed

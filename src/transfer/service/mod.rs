@@ -56,6 +56,9 @@ pub struct TransferConfig {
     /// store): a UCX sender may then send the receipt with the bytes, for
     /// the receiver to apply once they are in.
     pub completion_keys_local: bool,
+    /// The client's counters, when something below the service (the sealed
+    /// store) counts into them too; `None`: the service's own.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// Copy threads: half the cores. A single memcpy stream already runs near
@@ -89,6 +92,7 @@ impl Default for TransferConfig {
             shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
             max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
             completion_keys_local: false,
+            metrics: None,
         }
     }
 }
@@ -236,7 +240,7 @@ impl TransferService {
         // Shared memory of processes that died without unlinking it goes
         // before this client adds its own (once per process).
         crate::transport::shm_reaper::reap_dead_owners_once();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = config.metrics.clone().unwrap_or_default();
         let runner = Arc::new(AsyncWorkRunner::new(
             "crosshost-lifecycle",
             config.worker_threads.max(1),
