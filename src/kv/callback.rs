@@ -539,17 +539,13 @@ impl KeyValueStore for CallbackStore {
         );
     }
 
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        Ok(self.enqueue(key, None, callback))
-    }
-
-    fn async_get_changed(
+    fn async_get_unless(
         &self,
         key: &str,
-        stale: &[u8],
+        unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
-        Ok(self.enqueue(key, Some(stale), callback))
+        Ok(self.enqueue(key, unless, callback))
     }
 
     fn cancel_async_get(&self, _key: &str, id: WaiterId) -> bool {

@@ -189,17 +189,13 @@ impl KeyValueStore for MemoryStore {
         Ok(())
     }
 
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.register(key, None, callback)
-    }
-
-    fn async_get_changed(
+    fn async_get_unless(
         &self,
         key: &str,
-        stale: &[u8],
+        unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
-        self.register(key, Some(stale), callback)
+        self.register(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {

@@ -4,7 +4,7 @@
 //! a shared store's contents unforgeable (`sealed.rs`).
 use std::time::Duration;
 
-use crate::status::Result;
+use crate::status::{Result, Status};
 
 pub mod callback;
 pub mod etcd;
@@ -37,6 +37,34 @@ pub type GetCallback = Box<dyn FnOnce(Result<Vec<u8>>) + Send + 'static>;
 /// Called once with the outcome of a `set_async`.
 pub type SetCallback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
 
+/// `get` for stores whose waiting is `async_get`: the value (or the store's
+/// error) if it comes within `timeout`, else `late()`'s error. A waiter
+/// that could not be cancelled as the wait ended is firing: its value is
+/// taken if it comes at once.
+pub(crate) fn get_by_waiting(
+    store: &dyn KeyValueStore,
+    key: &str,
+    timeout: Duration,
+    late: impl FnOnce() -> Status,
+) -> Result<Vec<u8>> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let id = store.async_get(
+        key,
+        Box::new(move |value| {
+            let _ = tx.send(value);
+        }),
+    )?;
+    if let Ok(value) = rx.recv_timeout(timeout) {
+        return value;
+    }
+    if !store.cancel_async_get(key, id) {
+        if let Ok(value) = rx.recv_timeout(Duration::from_millis(100)) {
+            return value;
+        }
+    }
+    Err(late())
+}
+
 /// The store contract.
 ///
 /// Waiters: the callback of `async_get`/`async_get_changed` runs exactly once,
@@ -67,14 +95,31 @@ pub trait KeyValueStore: Send + Sync {
         done(self.delete(key));
     }
     /// Calls back with the value of `key` as soon as it is present (at once if
-    /// it already is).
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId>;
+    /// it already is); with `unless`, a value equal to it does not count and
+    /// the callback waits for anything else. The one waiting primitive each
+    /// store implements; `async_get` and `async_get_changed` name its uses.
+    fn async_get_unless(
+        &self,
+        key: &str,
+        unless: Option<&[u8]>,
+        callback: GetCallback,
+    ) -> Result<WaiterId>;
+    /// Calls back with the value of `key` as soon as it is present.
+    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
+        self.async_get_unless(key, None, callback)
+    }
     /// Like `async_get`, but a value equal to `stale` does not count: calls
     /// back once `key` holds anything else. This is how a receiver that saw a
     /// stale receipt waits for the real one without spinning on the present
     /// value.
-    fn async_get_changed(&self, key: &str, stale: &[u8], callback: GetCallback)
-        -> Result<WaiterId>;
+    fn async_get_changed(
+        &self,
+        key: &str,
+        stale: &[u8],
+        callback: GetCallback,
+    ) -> Result<WaiterId> {
+        self.async_get_unless(key, Some(stale), callback)
+    }
     /// Retires a pending waiter locally. `true`: it was pending and its
     /// callback will never run. `false`: it already fired (or is firing).
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool;

@@ -317,19 +317,14 @@ impl KeyValueStore for PeerStore {
         }
     }
 
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.local_only(key, "async_get")?;
-        self.local.store.async_get(key, callback)
-    }
-
-    fn async_get_changed(
+    fn async_get_unless(
         &self,
         key: &str,
-        stale: &[u8],
+        unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
-        self.local_only(key, "async_get_changed")?;
-        self.local.store.async_get_changed(key, stale, callback)
+        self.local_only(key, "async_get")?;
+        self.local.store.async_get_unless(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {

@@ -24,7 +24,7 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use parking_lot::Mutex;
 
-use super::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
+use super::{get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
 use crate::status::{self, Result};
 use crate::sync::Metrics;
 use crate::transport::random::fill_random;
@@ -216,10 +216,9 @@ impl Core {
             waiter.arms += 1;
             waiter.arms
         };
-        let inner_id = match &seen {
-            None => self.inner.async_get(key, on_value)?,
-            Some(seen) => self.inner.async_get_changed(key, seen, on_value)?,
-        };
+        let inner_id = self
+            .inner
+            .async_get_unless(key, seen.as_deref(), on_value)?;
         let mut waiter = waiter.lock();
         if waiter.callback.is_none() {
             // Cancelled (or done) meanwhile: the armed waiter is not needed.
@@ -274,8 +273,13 @@ fn on_value(
     }
 }
 
-impl SealedStore {
-    fn register(&self, key: &str, stale: Option<&[u8]>, callback: GetCallback) -> Result<WaiterId> {
+impl KeyValueStore for SealedStore {
+    fn async_get_unless(
+        &self,
+        key: &str,
+        stale: Option<&[u8]>,
+        callback: GetCallback,
+    ) -> Result<WaiterId> {
         let id = self.core.next_waiter.fetch_add(1, Ordering::Relaxed);
         self.core.waiters.lock().insert(
             id,
@@ -292,32 +296,14 @@ impl SealedStore {
         }
         Ok(WaiterId(id))
     }
-}
 
-impl KeyValueStore for SealedStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let id = self.async_get(
-            key,
-            Box::new(move |value| {
-                let _ = tx.send(value);
-            }),
-        )?;
-        match rx.recv_timeout(timeout) {
-            Ok(value) => value,
-            Err(_) => {
-                if !self.cancel_async_get(key, id) {
-                    // It fired as the wait ended.
-                    if let Ok(value) = rx.try_recv() {
-                        return value;
-                    }
-                }
-                Err(status::deadline_exceeded(format!(
-                    "key {key} did not hold a value sealed with this job's secret within \
-                     {timeout:?}"
-                )))
-            }
-        }
+        get_by_waiting(self, key, timeout, || {
+            status::deadline_exceeded(format!(
+                "key {key} did not hold a value sealed with this job's secret within \
+                 {timeout:?}"
+            ))
+        })
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
@@ -346,19 +332,6 @@ impl KeyValueStore for SealedStore {
 
     fn delete_async(&self, key: &str, done: SetCallback) {
         self.core.inner.delete_async(key, done)
-    }
-
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.register(key, None, callback)
-    }
-
-    fn async_get_changed(
-        &self,
-        key: &str,
-        stale: &[u8],
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
-        self.register(key, Some(stale), callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {

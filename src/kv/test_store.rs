@@ -198,19 +198,10 @@ impl KeyValueStore for TestStore {
         self.inner.delete(key)
     }
 
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.enter(Op::AsyncGet, key)?;
-        if let Some(error) = self.take_wait_failure(key) {
-            callback(Err(error));
-            return Ok(ALREADY_FIRED);
-        }
-        self.inner.async_get(key, callback)
-    }
-
-    fn async_get_changed(
+    fn async_get_unless(
         &self,
         key: &str,
-        stale: &[u8],
+        unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
         self.enter(Op::AsyncGet, key)?;
@@ -218,7 +209,7 @@ impl KeyValueStore for TestStore {
             callback(Err(error));
             return Ok(ALREADY_FIRED);
         }
-        self.inner.async_get_changed(key, stale, callback)
+        self.inner.async_get_unless(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {

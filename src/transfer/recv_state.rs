@@ -298,10 +298,9 @@ impl ReceiveTracker {
     ) -> Result<()> {
         let callback = self.signal_callback(rx, generation);
         let key = rx.key.as_str();
-        let id = match &stale {
-            None => self.store.async_get(key, callback)?,
-            Some(stale) => self.store.async_get_changed(key, stale, callback)?,
-        };
+        let id = self
+            .store
+            .async_get_unless(key, stale.as_deref(), callback)?;
         self.waiter_registered(rx, generation, id);
         Ok(())
     }

@@ -8,7 +8,9 @@ use tokio::sync::watch;
 use super::lease::Lease;
 use super::runtime::{self, status_of};
 use super::watches::{Watches, WriterOf};
-use crate::kv::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
+use crate::kv::{
+    get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId,
+};
 use crate::status::{self, Result};
 
 #[derive(Clone, Debug)]
@@ -175,27 +177,9 @@ impl EtcdStore {
 
 impl KeyValueStore for EtcdStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let id = self.async_get(
-            key,
-            Box::new(move |value| {
-                let _ = tx.send(value);
-            }),
-        )?;
-        match rx.recv_timeout(timeout) {
-            Ok(value) => value,
-            Err(_) => {
-                if !self.cancel_async_get(key, id) {
-                    // It fired just now.
-                    if let Ok(value) = rx.recv_timeout(Duration::from_millis(100)) {
-                        return value;
-                    }
-                }
-                Err(status::deadline_exceeded(format!(
-                    "etcd get {key}: not present within {timeout:?}"
-                )))
-            }
-        }
+        get_by_waiting(self, key, timeout, || {
+            status::deadline_exceeded(format!("etcd get {key}: not present within {timeout:?}"))
+        })
     }
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
@@ -242,17 +226,13 @@ impl KeyValueStore for EtcdStore {
         self.report(format!("etcd delete {key}"), self.delete_op(key), done);
     }
 
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.watches.register(key, None, callback)
-    }
-
-    fn async_get_changed(
+    fn async_get_unless(
         &self,
         key: &str,
-        stale: &[u8],
+        unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
-        self.watches.register(key, Some(stale), callback)
+        self.watches.register(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {
