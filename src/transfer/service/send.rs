@@ -267,7 +267,7 @@ impl TransferService {
         let token = descriptor.auth_token;
         let offset = descriptor.offset;
         let mark_key = crate::sync::timeline::key_hash_if_enabled(&descriptor.completion_key);
-        ucx.send_marked(
+        ucx.send(
             process,
             token,
             offset,

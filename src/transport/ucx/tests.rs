@@ -56,6 +56,7 @@ fn send_with(
         Box::new(move |outcome| {
             let _ = tx.send(outcome);
         }),
+        0,
     );
     rx.recv_timeout(WAIT + Duration::from_secs(5))
         .expect("every send is answered")
@@ -211,6 +212,7 @@ fn a_destroyed_transport_answers_every_send() {
             Box::new(move |outcome| {
                 let _ = tx.send(outcome);
             }),
+            0,
         );
     }
     drop(Arc::try_unwrap(handle).unwrap());

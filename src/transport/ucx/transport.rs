@@ -133,23 +133,10 @@ impl UcxTransport {
     /// carries it; the last to land applies it). `done` hears the
     /// receiver's verdict (delivered once every byte is in the
     /// destination), a failure, or DEADLINE_EXCEEDED after `timeout`.
+    /// `mark_key` is the completion key's hash for the timeline's marks
+    /// (0 when the timeline is off).
     #[allow(clippy::too_many_arguments)]
     pub fn send(
-        &self,
-        peer: u32,
-        token: AuthToken,
-        offset: u64,
-        payload: Payload,
-        receipt: Option<Vec<u8>>,
-        timeout: Duration,
-        done: SendDone,
-    ) {
-        self.send_marked(peer, token, offset, payload, receipt, timeout, done, 0)
-    }
-
-    /// `send`, with the completion key's hash for the timeline's marks.
-    #[allow(clippy::too_many_arguments)]
-    pub fn send_marked(
         &self,
         peer: u32,
         token: AuthToken,
