@@ -184,38 +184,28 @@ routed_with!(PJRT_Buffer_CopyToMemory, PJRT_Buffer_CopyToMemory_Args.buffer: Buf
     crate::inner_call!(plugin.as_ref(), PJRT_Buffer_CopyToMemory, raw)
 });
 
-// A receive buffer reads only once its receive succeeded; a failed one
-// answers with the transfer's status (`compute_plugin/receives.rs`): XLA's
-// CPU plugin aborts the process when its memory is asked for before.
-routed_with!(PJRT_Buffer_IncreaseExternalReferenceCount, PJRT_Buffer_IncreaseExternalReferenceCount_Args.buffer: BufferHandle => buffer::buffer_increase_external_reference_count, |raw, plugin| {
-    // SAFETY: a field the caller's struct covers.
-    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_IncreaseExternalReferenceCount")?;
-    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_IncreaseExternalReferenceCount, raw)
-});
+/// Forwarders that ask `compute_plugin/receives.rs` first: a receive buffer
+/// gives its memory only once its receive succeeded (`await_receive`
+/// waits), and a failed one answers with the transfer's status
+/// (`check_receive` for the asynchronous calls): XLA's CPU plugin aborts
+/// the process when the memory of such a buffer is asked for.
+macro_rules! after_receive {
+    ($($slot:ident($args:ident . $field:ident) => $ours:path, $guard:ident;)*) => {$(
+        routed_with!($slot, $args.$field: BufferHandle => $ours, |raw, plugin| {
+            // SAFETY: a field the caller's struct covers.
+            compute_plugin::$guard(unsafe { (*raw).$field }, stringify!($slot))?;
+            crate::inner_call!(plugin.as_ref(), $slot, raw)
+        });
+    )*};
+}
 
-routed_with!(PJRT_Buffer_OpaqueDeviceMemoryDataPointer, PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args.buffer: BufferHandle => buffer::buffer_opaque_device_memory_data_pointer, |raw, plugin| {
-    // SAFETY: a field the caller's struct covers.
-    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_OpaqueDeviceMemoryDataPointer")?;
-    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer, raw)
-});
-
-routed_with!(PJRT_Buffer_UnsafePointer, PJRT_Buffer_UnsafePointer_Args.buffer: BufferHandle => buffer::buffer_unsafe_pointer, |raw, plugin| {
-    // SAFETY: a field the caller's struct covers.
-    compute_plugin::await_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_UnsafePointer")?;
-    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_UnsafePointer, raw)
-});
-
-routed_with!(PJRT_Buffer_ToHostBuffer, PJRT_Buffer_ToHostBuffer_Args.src: BufferHandle => buffer::buffer_to_host_buffer, |raw, plugin| {
-    // SAFETY: a field the caller's struct covers.
-    compute_plugin::check_receive(unsafe { (*raw).src }, "PJRT_Buffer_ToHostBuffer")?;
-    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_ToHostBuffer, raw)
-});
-
-routed_with!(PJRT_Buffer_CopyRawToHost, PJRT_Buffer_CopyRawToHost_Args.buffer: BufferHandle => buffer::buffer_copy_raw_to_host, |raw, plugin| {
-    // SAFETY: a field the caller's struct covers.
-    compute_plugin::check_receive(unsafe { (*raw).buffer }, "PJRT_Buffer_CopyRawToHost")?;
-    crate::inner_call!(plugin.as_ref(), PJRT_Buffer_CopyRawToHost, raw)
-});
+after_receive! {
+    PJRT_Buffer_IncreaseExternalReferenceCount(PJRT_Buffer_IncreaseExternalReferenceCount_Args.buffer) => buffer::buffer_increase_external_reference_count, await_receive;
+    PJRT_Buffer_OpaqueDeviceMemoryDataPointer(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args.buffer) => buffer::buffer_opaque_device_memory_data_pointer, await_receive;
+    PJRT_Buffer_UnsafePointer(PJRT_Buffer_UnsafePointer_Args.buffer) => buffer::buffer_unsafe_pointer, await_receive;
+    PJRT_Buffer_ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args.src) => buffer::buffer_to_host_buffer, check_receive;
+    PJRT_Buffer_CopyRawToHost(PJRT_Buffer_CopyRawToHost_Args.buffer) => buffer::buffer_copy_raw_to_host, check_receive;
+}
 
 // A buffer being sent is held: its destroy or delete waits for the send
 // (`compute_plugin/holds.rs`).
