@@ -1,7 +1,9 @@
 """One process of the two-process JAX job of
 test_jax_failed_receive.py: receives that fail, then the job goes on.
 
-    python jax_failed_receive_worker.py PROCESS_ID COORDINATOR_PORT OUT_JSON
+    python jax_failed_receive_worker.py PROCESS_ID COORDINATOR_PORT OUT_JSON [MODE]
+
+(MODE, which test_jax_two_process.run_job passes, is not used.)
 
 Process 0 sends, process 1 receives (JAX_PLATFORMS=crosshost, the plugin's
 receive_timeout_ms set short by the test). Two receives fail, each in its
@@ -22,12 +24,13 @@ failed transfer does not end the job.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
 
 import numpy as np
+
+from jax_two_process_worker import finish
 
 ROUNDS_AFTER = 100
 BARRIER_TIMEOUT_MS = 120_000
@@ -121,10 +124,7 @@ def main() -> int:
         kv.wait_at_barrier("failed_receive_done", BARRIER_TIMEOUT_MS)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-    sys.stdout.flush()
-    return 0 if not result["errors"] else 1
+    return finish(result, out_path)
 
 
 if __name__ == "__main__":

@@ -14,58 +14,26 @@ every byte is checked. Embedded and delegating to XLA's CPU plugin.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import time
-
 import pytest
 
-from jax_harness import HERE, child_env, free_port, kill_group, skip_unless_jax, start
+from jax_harness import HERE, skip_unless_jax
+from test_jax_two_process import run_job
 
 pytestmark = skip_unless_jax()
 
 WORKER = HERE / "jax_failed_receive_worker.py"
-TIMEOUT_S = 240
 OPTIONS = "receive_timeout_ms=3000,send_timeout_ms=3000"
 EXPECTED = {"mismatch": "INVALID_ARGUMENT", "timeout": "DEADLINE_EXCEEDED"}
 USES = ["block_until_ready", "asarray", "device_put"]
 
 
-def run_job(tmp_path, compute):
-    port = free_port()
-    env = child_env({"PJRT_CROSSHOST_CREATE_OPTIONS": OPTIONS}, compute=compute)
-    outs = [tmp_path / f"result{p}.json" for p in (0, 1)]
-    logs = [tmp_path / f"log{p}.txt" for p in (0, 1)]
-    procs = []
-    try:
-        for p in (0, 1):
-            with open(logs[p], "w") as log:
-                procs.append(start([str(WORKER), str(p), str(port), str(outs[p])], env, log=log))
-        deadline = time.monotonic() + TIMEOUT_S
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail("the job timed out; logs:\n" + "\n".join(
-                    f"--- process {p} ---\n{logs[p].read_text()[-4000:]}" for p in (0, 1)))
-        codes = [proc.returncode for proc in procs]
-    finally:
-        for proc in procs:
-            kill_group(proc)
-    results = []
-    for p in (0, 1):
-        log = logs[p].read_text()[-6000:]
-        # An abort (SIGABRT: -6) is exactly what this test is about.
-        assert codes[p] == 0 and outs[p].is_file(), f"process {p} exited {codes[p]}:\n{log}"
-        result = json.loads(outs[p].read_text())
-        assert not result["errors"], "\n".join(result["errors"]) + f"\n--- log ---\n{log}"
-        results.append(result)
-    return results
-
-
 @pytest.mark.parametrize("compute", [None, "fastatomstruct"])
 def test_a_failed_receive_raises_its_own_status_everywhere_and_the_job_goes_on(tmp_path, compute):
-    _, receiver = run_job(tmp_path, compute)
+    # Fails unless both processes exit 0 with no errors: an abort (SIGABRT,
+    # exit -6) is exactly what this test is about.
+    _, receiver = run_job(
+        tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": OPTIONS}, compute=compute, worker=WORKER
+    )
     failures = receiver["failures"]
     assert sorted(failures) == sorted(EXPECTED), failures
     # Embedded, the plugin has no compiler to run jit with.
