@@ -24,6 +24,8 @@ import traceback
 
 import numpy as np
 
+from jax_two_process_worker import finish, jax_store_transfer_keys, make_array
+
 DTYPES = ["float32", "bfloat16", "int8", "bool", "float64", "int64", "uint16", "float16",
           "complex64", "int4", "float8_e4m3fn", "uint8", "int32"]
 SHAPES = [(), (0,), (3, 0), (1,), (7,), (33,), (4, 6), (3, 5, 7), (2, 3, 4, 5), (256,),
@@ -42,24 +44,6 @@ def plan(rounds: int, seed: int) -> list[dict]:
                   for i in range(count)]
         out.append({"arrays": arrays, "src": rng.randrange(2), "dst": rng.randrange(2)})
     return out
-
-
-def make_array(seed: int, shape, dtype_name: str) -> np.ndarray:
-    import jax.numpy as jnp
-
-    dtype = np.dtype(jnp.dtype(dtype_name))
-    rng = np.random.default_rng(seed)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype.name in ("int4", "uint4", "int2", "uint2"):
-        import ml_dtypes
-
-        info = ml_dtypes.iinfo(dtype)
-        return rng.integers(int(info.min), int(info.max) + 1, size=shape).astype(dtype)
-    # Every bit pattern is a valid value: random bytes test every byte.
-    count = int(np.prod(shape, dtype=np.int64))
-    raw = rng.integers(0, 256, size=count * dtype.itemsize, dtype=np.uint8)
-    return raw.view(dtype).reshape(shape)
 
 
 def main() -> int:
@@ -130,16 +114,13 @@ def main() -> int:
         result["metrics"] = metrics
         result["clients"] = len(clients)
         kv.wait_at_barrier("two_hosts_metrics", BARRIER_TIMEOUT_MS)
-        entries = kv.key_value_dir_get_bytes("crosshost:crosshost")
-        result["jax_store_transfer_keys"] = [k for k, _ in entries if "/recv/" in k or "/desc/" in k]
+        result["jax_store_transfer_keys"] = jax_store_transfer_keys(kv)
         kv.wait_at_barrier("two_hosts_listed", BARRIER_TIMEOUT_MS)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
     if "metrics" in result and process_id == 1:
         print("receiver metrics:", json.dumps(result["metrics"]), flush=True)
-    return 0 if not result["errors"] else 1
+    return finish(result, out_path)
 
 
 if __name__ == "__main__":
