@@ -32,6 +32,9 @@ sys.path.insert(0, str(REPO / "bench"))
 # The steps, in the order a transfer meets them, and who marks them.
 STEPS = [
     ("receive_call", "receiver"),
+    ("aliases_made", "receiver"),
+    ("destination_ready", "receiver"),
+    ("wait_registered", "receiver"),
     ("descriptor_published", "receiver"),
     ("receive_return", "receiver"),
     ("send_call", "sender"),
@@ -43,11 +46,12 @@ STEPS = [
     ("asyncget_fired", "receiver"),
     ("on_runner", "receiver"),
     ("published", "receiver"),
+    ("view_made", "receiver"),
     ("recorded", "receiver"),
     ("bytes_acked", "sender"),
     ("keys_retired", "receiver"),
 ]
-KEYLESS = {"receive_call", "receive_return", "send_call"}
+KEYLESS = {"receive_call", "aliases_made", "receive_return", "send_call", "view_made"}
 
 
 def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str) -> None:

@@ -192,6 +192,7 @@ impl Client {
             .map(|s| (s.peer_global_device_id, s.transfer_key))
             .collect();
         let (requests, handles) = self.receive_requests(device, &shapes)?;
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::AliasesMade);
         let destinations = self.transfers().receive_v2(
             requests,
             device.global_id,

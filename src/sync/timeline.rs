@@ -38,6 +38,12 @@ macro_rules! timeline {
 pub enum Point {
     /// The receiver's CrossHostReceiveBuffers / MakeCrossHostReceiveBuffers.
     ReceiveCall = 1,
+    /// The compute plugin's alias buffers of a receive call exist.
+    AliasesMade,
+    /// A receive buffer's destination is allocated (and registered).
+    DestinationReady,
+    /// A receive buffer's AsyncGet is registered.
+    WaitRegistered,
     /// A receive buffer's descriptor handed to the store (v2).
     DescriptorPublished,
     ReceiveReturn,
@@ -61,6 +67,8 @@ pub enum Point {
     OnRunner,
     /// The buffer's outcome is published.
     Published,
+    /// The compute plugin made its view of the received bytes.
+    ViewMade,
     /// The caller's buffer (a compute plugin's alias) is fulfilled.
     Recorded,
     /// The keys are deleted.
@@ -68,8 +76,11 @@ pub enum Point {
 }
 
 impl Point {
-    pub const ALL: [Point; 15] = [
+    pub const ALL: [Point; 19] = [
         Point::ReceiveCall,
+        Point::AliasesMade,
+        Point::DestinationReady,
+        Point::WaitRegistered,
         Point::DescriptorPublished,
         Point::ReceiveReturn,
         Point::SendCall,
@@ -82,6 +93,7 @@ impl Point {
         Point::AsyncGetFired,
         Point::OnRunner,
         Point::Published,
+        Point::ViewMade,
         Point::Recorded,
         Point::KeysRetired,
     ];
@@ -89,6 +101,9 @@ impl Point {
     pub fn name(self) -> &'static str {
         match self {
             Point::ReceiveCall => "receive_call",
+            Point::AliasesMade => "aliases_made",
+            Point::DestinationReady => "destination_ready",
+            Point::WaitRegistered => "wait_registered",
             Point::DescriptorPublished => "descriptor_published",
             Point::ReceiveReturn => "receive_return",
             Point::SendCall => "send_call",
@@ -101,6 +116,7 @@ impl Point {
             Point::AsyncGetFired => "asyncget_fired",
             Point::OnRunner => "on_runner",
             Point::Published => "published",
+            Point::ViewMade => "view_made",
             Point::Recorded => "recorded",
             Point::KeysRetired => "keys_retired",
         }

@@ -351,6 +351,7 @@ impl AliasBuffer {
             );
             self.copy_of(address, len)
         });
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::ViewMade);
         match view {
             Ok(buffer) => self.fulfill(buffer.raw(), Ok(())),
             Err(e) => {

@@ -192,6 +192,7 @@ impl TransferService {
         };
         let (allocation, offset) = destination.location();
         crate::timeline!("receive {key}: destination ready");
+        crate::sync::timeline::mark(crate::sync::timeline::Point::DestinationReady, key.as_str());
         let descriptor = Descriptor {
             host: HostIdentity::local()?,
             process_id: std::process::id(),
@@ -219,6 +220,7 @@ impl TransferService {
             .tracker
             .begin_recording(key, nonce, extra_keys, record)?;
         crate::timeline!("receive {key_name}: AsyncGet registered");
+        crate::sync::timeline::mark_hash(crate::sync::timeline::Point::WaitRegistered, mark_key);
         self.pending.lock().insert(
             key_name.clone(),
             PendingEntry {
