@@ -44,6 +44,8 @@ if ! command -v etcdctl >/dev/null 2>&1; then apt_pkgs+=(etcd-client); fi
 if ! dpkg -s libucx0 >/dev/null 2>&1; then apt_pkgs+=(libucx0); fi
 if ! dpkg -s libucx-dev >/dev/null 2>&1; then apt_pkgs+=(libucx-dev); fi
 if ! command -v ip >/dev/null 2>&1; then apt_pkgs+=(iproute2); fi
+# The TLS etcd tests make their certificates with openssl.
+if ! command -v openssl >/dev/null 2>&1; then apt_pkgs+=(openssl); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   say "installing ${apt_pkgs[*]} with apt-get"
   $SUDO apt-get update

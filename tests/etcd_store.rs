@@ -25,6 +25,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 fn store(server: &EtcdServer, call_timeout: Duration) -> Arc<EtcdStore> {
     Arc::new(
         EtcdStore::connect(EtcdConfig {
+            access: Default::default(),
             endpoints: vec![server.endpoint()],
             lease_ttl: Duration::from_secs(2),
             call_timeout,

@@ -201,9 +201,16 @@ fn seal_if_asked(
 /// who reaches it forge completions, and what to do about it.
 fn warn_if_store_is_reachable(options: &ClientOptions) {
     static SAID: std::sync::Once = std::sync::Once::new();
+    // An etcd that checks who calls (a client certificate or an RBAC user)
+    // keeps strangers out; JAX's coordination service checks nobody.
+    let access = &options.etcd_access;
+    let open_to_all = |address: &String| {
+        let is_etcd = Some(address) != options.coordinator_address.as_ref();
+        !(is_etcd && (access.cert_file.is_some() || access.user.is_some()))
+    };
     let reachable: Vec<String> = store_addresses(options)
         .into_iter()
-        .filter(|address| !is_loopback_host(address))
+        .filter(|address| !is_loopback_host(address) && open_to_all(address))
         .collect();
     if reachable.is_empty() {
         return;
@@ -243,8 +250,10 @@ fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
     let StoreChoice::Etcd(endpoints) = &options.store else {
         return Ok(None);
     };
+    let access = options.etcd_access.load()?;
     let store = crate::kv::etcd::EtcdStore::connect(crate::kv::etcd::EtcdConfig {
         endpoints: endpoints.clone(),
+        access,
         lease_ttl: options.etcd_lease_ttl,
         call_timeout: options.kv_call_timeout,
     })

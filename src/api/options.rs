@@ -3,6 +3,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::backend::BackendChoice;
+use crate::kv::etcd::access::EtcdAccess;
 use crate::kv::etcd::endpoints as etcd_endpoints;
 use crate::status::{invalid_argument, Result};
 pub use crate::transfer::route::TransportChoice;
@@ -61,8 +62,9 @@ pub enum StoreChoice {
     /// `kv_store=memory:<name>`: an in-memory store shared by name inside
     /// this process (several clients, one store).
     NamedMemory(String),
-    /// `kv_store=etcd://host:port[,...]`: an etcd cluster for everything
-    /// (session and transfer keys), these gRPC endpoints.
+    /// `kv_store=etcd://host:port[,...]` (or `etcds://` for TLS): an etcd
+    /// cluster for everything (session and transfer keys), these gRPC
+    /// endpoints (`http://` or `https://`).
     Etcd(Vec<String>),
 }
 
@@ -107,6 +109,8 @@ pub struct ClientOptions {
     /// TTL of the etcd store's lease (`etcd_lease_ttl_s`): how long a dead
     /// process's keys outlive it, and how soon its peers learn of it.
     pub etcd_lease_ttl: Duration,
+    /// TLS, RBAC credentials and key prefix for etcd (`etcd_*`).
+    pub etcd_access: EtcdAccess,
     /// Bound on the bytes received host buffers hold at once (None: half
     /// the machine's memory).
     pub max_receive_bytes: Option<u64>,
@@ -143,6 +147,7 @@ impl Default for ClientOptions {
             session_timeout: Duration::from_secs(120),
             kv_call_timeout: Duration::from_secs(30),
             etcd_lease_ttl: Duration::from_secs(10),
+            etcd_access: EtcdAccess::default(),
             max_receive_bytes: None,
             shm_pool_bytes: 1 << 30,
             compute: ComputeChoice::default(),
@@ -154,7 +159,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, shm_pool_bytes, max_receive_bytes, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -186,6 +191,12 @@ fn expect_host<'a>(name: &str, value: &'a OptionValue) -> Result<&'a str> {
         )));
     }
     Ok(s)
+}
+
+/// A file's path; empty means not given.
+fn expect_path(name: &str, value: &OptionValue) -> Result<Option<std::path::PathBuf>> {
+    let s = expect_str(name, value)?;
+    Ok((!s.is_empty()).then(|| s.into()))
 }
 
 fn expect_range(name: &str, value: &OptionValue, low: i64, high: i64) -> Result<i64> {
@@ -240,7 +251,7 @@ impl ClientOptions {
                         Some(n) if !n.is_empty() => StoreChoice::NamedMemory(n.to_string()),
                         _ if s == "default" => StoreChoice::Default,
                         _ if s == "callbacks" => StoreChoice::Callbacks,
-                        _ if s.starts_with(etcd_endpoints::SCHEME) => {
+                        _ if etcd_endpoints::names_etcd(s) => {
                             StoreChoice::Etcd(etcd_endpoints::parse(s).map_err(|e| {
                                 invalid_argument(format!("{CONTEXT}: {}", e.message))
                             })?)
@@ -248,7 +259,8 @@ impl ClientOptions {
                         _ => {
                             return Err(invalid_argument(format!(
                             "{CONTEXT}: create option 'kv_store' must be 'default', 'callbacks', \
-                                 'memory:<name>' or 'etcd://host:port[,host:port...]', got {s:?}"
+                                 'memory:<name>', 'etcd://host:port[,host:port...]' or \
+                                 'etcds://host:port[,host:port...]', got {s:?}"
                         )))
                         }
                     };
@@ -285,10 +297,7 @@ impl ClientOptions {
                     let s = expect_str(name, value)?;
                     parsed.ucx_library = (!s.is_empty()).then(|| s.to_string());
                 }
-                "job_secret_file" => {
-                    let s = expect_str(name, value)?;
-                    parsed.job_secret_file = (!s.is_empty()).then(|| s.into());
-                }
+                "job_secret_file" => parsed.job_secret_file = expect_path(name, value)?,
                 "receive_timeout_ms" => parsed.receive_timeout = expect_millis(name, value)?,
                 "send_timeout_ms" => parsed.send_timeout = expect_millis(name, value)?,
                 "session_timeout_ms" => parsed.session_timeout = expect_millis(name, value)?,
@@ -296,6 +305,16 @@ impl ClientOptions {
                 "etcd_lease_ttl_s" => {
                     parsed.etcd_lease_ttl =
                         Duration::from_secs(expect_range(name, value, 1, 86_400)? as u64)
+                }
+                "etcd_ca_file" => parsed.etcd_access.ca_file = expect_path(name, value)?,
+                "etcd_cert_file" => parsed.etcd_access.cert_file = expect_path(name, value)?,
+                "etcd_key_file" => parsed.etcd_access.key_file = expect_path(name, value)?,
+                "etcd_password_file" => {
+                    parsed.etcd_access.password_file = expect_path(name, value)?
+                }
+                "etcd_user" => parsed.etcd_access.user = Some(expect_str(name, value)?.to_string()),
+                "etcd_key_prefix" => {
+                    parsed.etcd_access.key_prefix = expect_str(name, value)?.to_string()
                 }
                 "max_receive_bytes" => {
                     parsed.max_receive_bytes = Some(expect_range(name, value, 1, 1 << 50)? as u64)
@@ -323,6 +342,16 @@ impl ClientOptions {
             return Err(invalid_argument(format!(
                 "{CONTEXT}: unknown create option(s) {unknown:?}; known: {KNOWN}"
             )));
+        }
+        match &parsed.store {
+            StoreChoice::Etcd(endpoints) => parsed.etcd_access.check(endpoints)?,
+            _ if parsed.etcd_access.any_given() => {
+                return Err(invalid_argument(format!(
+                    "{CONTEXT}: the etcd_* create options need kv_store=etcd://... or \
+                     kv_store=etcds://..."
+                )))
+            }
+            _ => {}
         }
         if parsed.node_id as usize >= parsed.num_nodes {
             return Err(invalid_argument(format!(
@@ -414,6 +443,29 @@ mod tests {
                 ClientOptions::parse(&[(name.into(), OptionValue::Str(bad.into()))]).unwrap_err();
             assert!(e.message.contains(name), "{name}={bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn etcd_access_options_need_an_etcd_store_and_tls_needs_a_ca() {
+        let str_opt = |n: &str, v: &str| (n.to_string(), OptionValue::Str(v.into()));
+        let o = ClientOptions::parse(&[
+            str_opt("kv_store", "etcds://etcd-a:2379"),
+            str_opt("etcd_ca_file", "/etc/ca.pem"),
+            str_opt("etcd_user", "job"),
+            str_opt("etcd_password_file", "/run/pw"),
+            str_opt("etcd_key_prefix", "jobs/a/"),
+        ])
+        .unwrap();
+        assert_eq!(
+            o.store,
+            StoreChoice::Etcd(vec!["https://etcd-a:2379".into()])
+        );
+        assert_eq!(o.etcd_access.user.as_deref(), Some("job"));
+        assert_eq!(o.etcd_access.key_prefix, "jobs/a/");
+        let e = ClientOptions::parse(&[str_opt("etcd_user", "job")]).unwrap_err();
+        assert!(e.message.contains("need kv_store=etcd"), "{e}");
+        let e = ClientOptions::parse(&[str_opt("kv_store", "etcds://a:1")]).unwrap_err();
+        assert!(e.message.contains("etcd_ca_file"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!   death ends the waits on keys it would have written (`track_processes`).
 //!
 //! Every call is bounded by the call timeout (`kv_call_timeout_ms`).
+pub mod access;
 pub mod endpoints;
 #[cfg(feature = "etcd")]
 mod lease;

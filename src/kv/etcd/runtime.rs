@@ -70,10 +70,14 @@ pub(super) fn deliver(callback: impl FnOnce() + Send + 'static) {
 /// transport failure means the server could not be reached.
 pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
     let code = match &error {
-        // The client's own transport failed (the server went away mid-call).
+        // The client's own transport failed (the server went away mid-call,
+        // or closed the connection in the TLS handshake: tonic says
+        // CANCELLED then, though nobody cancelled anything).
         etcd_client::Error::GRpcStatus(s)
-            if Code::from_raw(s.code() as i32) == Code::Unknown
-                && std::error::Error::source(s).is_some() =>
+            if matches!(
+                Code::from_raw(s.code() as i32),
+                Code::Unknown | Code::Cancelled
+            ) && std::error::Error::source(s).is_some() =>
         {
             Code::Unavailable
         }

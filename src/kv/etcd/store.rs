@@ -2,9 +2,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, DeleteOptions, PutOptions};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, DeleteOptions, Identity, PutOptions, TlsOptions,
+};
 use tokio::sync::watch;
 
+use super::access::LoadedAccess;
 use super::lease::Lease;
 use super::runtime::{self, status_of};
 use super::watches::{Watches, WriterOf};
@@ -15,8 +18,11 @@ use crate::status::{self, Result};
 
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
-    /// gRPC endpoints, `http://host:port` (see `endpoints::parse`).
+    /// gRPC endpoints, `http://host:port` or `https://host:port` (see
+    /// `endpoints::parse`).
     pub endpoints: Vec<String>,
+    /// TLS files, RBAC credentials and the key prefix (`access.rs`).
+    pub access: LoadedAccess,
     /// The lease's TTL: how long a dead process's keys outlive it.
     pub lease_ttl: Duration,
     /// Bound on every call, and on how long a wait may go without a watch.
@@ -40,22 +46,55 @@ impl EtcdStore {
         let ttl_seconds = config.lease_ttl.as_secs().max(1) as i64;
         let timeout = config.call_timeout;
         let endpoints = config.endpoints.clone();
-        let connect_timeout = timeout.min(Duration::from_secs(5));
+        let options = connect_options(&config.access, timeout);
+        let who = match &config.access.credentials {
+            Some((user, _)) => format!(" as user {user:?}"),
+            None => String::new(),
+        };
+        let prefix = config.access.key_prefix.clone();
         let (client, lease) = runtime::call("etcd connect", timeout, async move {
-            let options = ConnectOptions::new()
-                .with_connect_timeout(connect_timeout)
-                .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
-                .with_keep_alive_while_idle(true);
             let mut client = Client::connect(endpoints, Some(options))
                 .await
                 .map_err(|e| status_of("etcd connect", e))?;
             let lease = Lease::grant(&mut client, ttl_seconds).await?;
+            if let Err(e) = check_access(&mut client, &prefix, lease.id()).await {
+                let _ = client.lease_revoke(lease.id()).await;
+                return Err(e);
+            }
             Ok((client, lease))
         })
         .map_err(|e| {
+            let hint = match e.code {
+                status::Code::InvalidArgument | status::Code::Unauthenticated
+                    if config.access.credentials.is_some() =>
+                {
+                    " (check etcd_user and the password in etcd_password_file)"
+                }
+                status::Code::PermissionDenied => {
+                    " (the etcd user's role must grant readwrite on the key prefix \
+                     etcd_key_prefix names, with --prefix=true)"
+                }
+                status::Code::Unavailable if config.access.tls.is_some() => {
+                    " (over TLS: check that etcd_ca_file signed etcd's certificate, that the \
+                     certificate names the host in kv_store, and, where etcd demands client \
+                     certificates, etcd_cert_file and etcd_key_file)"
+                }
+                _ => "",
+            };
+            // etcd answers a wrong user or password with INVALID_ARGUMENT.
+            let code = match e.code {
+                status::Code::InvalidArgument if e.message.contains("authentication failed") => {
+                    status::Code::Unauthenticated
+                }
+                code => code,
+            };
+            let verb = match code {
+                status::Code::Unavailable | status::Code::DeadlineExceeded => "cannot reach",
+                _ => "refused by",
+            };
             status::Status::new(
-                e.code,
-                format!("cannot reach etcd at {describe}: {}", e.message),
+                code,
+                format!("{verb} etcd at {describe}{who}: {}{hint}", e.message),
             )
         })?;
         let lease = Arc::new(lease);
@@ -65,7 +104,13 @@ impl EtcdStore {
             ttl_seconds,
             stopped.clone(),
         ));
-        let watches = Watches::start(client.clone(), timeout, describe.clone(), stopped);
+        let watches = Watches::start(
+            client.clone(),
+            timeout,
+            describe.clone(),
+            &config.access.key_prefix,
+            stopped,
+        );
         log::info!(
             "etcd store at {describe}: lease {:x}, TTL {:?}",
             lease.id(),
@@ -93,7 +138,20 @@ impl EtcdStore {
     /// Watches the given processes' liveness keys (their session entries);
     /// a process whose key disappears fails the waits on keys it writes.
     pub fn track_processes(&self, entries: Vec<(u32, String)>, writer_of: WriterOf) {
-        self.watches.track_processes(entries, writer_of);
+        let entries = entries
+            .into_iter()
+            .map(|(process, key)| (process, self.key(&key)))
+            .collect();
+        let prefix = self.config.access.key_prefix.clone();
+        self.watches.track_processes(
+            entries,
+            Box::new(move |key| writer_of(key.strip_prefix(prefix.as_str())?)),
+        );
+    }
+
+    /// The key's name in etcd: under the job's key prefix.
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.config.access.key_prefix)
     }
 
     /// Waits registered and not yet fired or cancelled.
@@ -128,12 +186,12 @@ impl EtcdStore {
         callback: GetCallback,
     ) -> Result<WaiterId> {
         self.watches
-            .register_from_revision(key, start_revision, callback)
+            .register_from_revision(&self.key(key), start_revision, callback)
     }
 
     fn put_op(&self, key: &str, value: &[u8]) -> impl std::future::Future<Output = Result<()>> {
         let mut client = self.client.clone();
-        let (key, value) = (key.to_string(), value.to_vec());
+        let (key, value) = (self.key(key), value.to_vec());
         let lease = self.lease.id();
         async move {
             client
@@ -150,7 +208,7 @@ impl EtcdStore {
 
     fn delete_op(&self, key: &str) -> impl std::future::Future<Output = Result<()>> {
         let mut client = self.client.clone();
-        let key = key.to_string();
+        let key = self.key(key);
         async move {
             client
                 .delete(key.as_str(), None::<DeleteOptions>)
@@ -175,6 +233,49 @@ impl EtcdStore {
     }
 }
 
+/// Writes, reads and deletes one key under the job's prefix, so that a user
+/// whose role does not grant it fails creation, not the job's first transfer.
+async fn check_access(client: &mut Client, prefix: &str, lease: i64) -> Result<()> {
+    let key = format!("{prefix}crosshost/.access-check/{lease:x}");
+    let what = format!("etcd access to the key prefix {prefix:?} ({key})");
+    client
+        .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .map_err(|e| status_of(&what, e))?;
+    client
+        .get(key.as_str(), None)
+        .await
+        .map_err(|e| status_of(&what, e))?;
+    client
+        .delete(key.as_str(), None::<DeleteOptions>)
+        .await
+        .map_err(|e| status_of(&what, e))?;
+    Ok(())
+}
+
+/// Keep-alives, bounds, and the access options: TLS and RBAC credentials.
+fn connect_options(access: &LoadedAccess, timeout: Duration) -> ConnectOptions {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(timeout.min(Duration::from_secs(5)))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true);
+    if let Some(tls) = &access.tls {
+        let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        options = options.with_tls(config);
+    }
+    if let Some((user, password)) = &access.credentials {
+        // etcd's simple tokens expire (--auth-token-ttl, 5 minutes by
+        // default): a long job renews its token instead of failing.
+        options = options
+            .with_user(user.clone(), password.expose().to_string())
+            .with_auto_token_refresh(true);
+    }
+    options
+}
+
 impl KeyValueStore for EtcdStore {
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         get_by_waiting(self, key, timeout, || {
@@ -184,7 +285,7 @@ impl KeyValueStore for EtcdStore {
 
     fn try_get(&self, key: &str) -> Result<Vec<u8>> {
         let mut client = self.client.clone();
-        let owned = key.to_string();
+        let owned = self.key(key);
         let answer = runtime::call(
             &format!("etcd range {key}"),
             self.config.call_timeout,
@@ -232,11 +333,11 @@ impl KeyValueStore for EtcdStore {
         unless: Option<&[u8]>,
         callback: GetCallback,
     ) -> Result<WaiterId> {
-        self.watches.register(key, unless, callback)
+        self.watches.register(&self.key(key), unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {
-        self.watches.cancel(key, id)
+        self.watches.cancel(&self.key(key), id)
     }
 
     fn capabilities(&self) -> StoreCapabilities {

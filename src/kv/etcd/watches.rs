@@ -37,6 +37,7 @@ use crate::status::{self, Result, Status};
 pub type WriterOf = Box<dyn Fn(&str) -> Option<u32> + Send + Sync>;
 
 /// The stream is opened with a watch on this key, which nothing writes.
+/// Under the store's key prefix, like every key it watches.
 const ANCHOR_KEY: &str = "crosshost/.watch-anchor";
 const ANCHOR_WATCH_ID: i64 = 1;
 const MAINTENANCE_PERIOD: Duration = Duration::from_millis(100);
@@ -216,6 +217,8 @@ pub(super) struct Watches {
     client: Client,
     call_timeout: Duration,
     endpoints: String,
+    /// The key the stream's first watch is on (the prefix + ANCHOR_KEY).
+    anchor_key: String,
 }
 
 fn lost_status(process: u32, key: &str) -> Status {
@@ -237,6 +240,7 @@ impl Watches {
         client: Client,
         call_timeout: Duration,
         endpoints: String,
+        key_prefix: &str,
         stop: watch::Receiver<bool>,
     ) -> Arc<Watches> {
         let (requests, pending) = mpsc::unbounded_channel();
@@ -251,6 +255,7 @@ impl Watches {
             client,
             call_timeout,
             endpoints,
+            anchor_key: format!("{key_prefix}{ANCHOR_KEY}"),
         });
         runtime::handle().spawn(watches.clone().run(pending, stop));
         watches
@@ -522,7 +527,7 @@ impl Watches {
                 _ = stop.changed() => return,
                 r = tokio::time::timeout(
                     self.call_timeout,
-                    client.watch(ANCHOR_KEY, Some(WatchOptions::new().with_watch_id(ANCHOR_WATCH_ID))),
+                    client.watch(self.anchor_key.as_str(), Some(WatchOptions::new().with_watch_id(ANCHOR_WATCH_ID))),
                 ) => r,
             };
             let stream = match opened {
