@@ -20,7 +20,7 @@ use crate::status::{self, Result, Status};
 
 pub const SHM_NAME_PREFIX: &str = "/crosshost-";
 /// 128 random bits, lowercase hex.
-const SHM_NAME_RANDOM_HEX_LEN: usize = 32;
+pub(crate) const SHM_NAME_RANDOM_HEX_LEN: usize = 32;
 /// Longest decimal field (`u64::MAX` has 20 digits).
 const SHM_NAME_MAX_DIGITS: usize = 20;
 

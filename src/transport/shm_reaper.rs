@@ -13,19 +13,24 @@
 //!   (`/bin/sh`, ignoring the usual termination signals) that blocks reading
 //!   a pipe only this process holds open. When this process ends, however
 //!   it ends, the pipe closes and the helper unlinks every name with this
-//!   process's owner prefix, then exits. `PJRT_CROSSHOST_SHM_WATCHDOG=0`
-//!   turns it off.
+//!   process's owner prefix (with `find`, so no number of names planted
+//!   under that prefix can exceed the argument limit), then exits. A
+//!   keeper thread of this process waits, in poll(2), for the helper's end
+//!   of the pipe to close: a helper that was killed is replaced at once.
+//!   `PJRT_CROSSHOST_SHM_WATCHDOG=0` turns it off.
 //!
 //! What can remain after a death: nothing once the watchdog has run (a few
 //! milliseconds). Without the watchdog (turned off, `/bin/sh` missing, or
 //! killed together with the process, e.g. SIGKILL to the whole process
-//! group or cgroup), the dead process's objects stay in `/dev/shm` until
+//! group or cgroup, or in the moment between a helper's death and its
+//! replacement), the dead process's objects stay in `/dev/shm` until
 //! the next process of this plugin creates a client on the host. Unlinking
 //! frees the memory once no process maps it any more; a sender that mapped
 //! a dead receiver's pooled segment drops its mapping at its next send to a
 //! destination on this host (`transfer/service.rs`).
 use std::ffi::OsStr;
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Once;
@@ -130,10 +135,69 @@ pub fn ensure_watchdog(owner: &ShmOwner) {
     }
     // Inherited through fork: the pipe end is the parent's business (the
     // descriptor closes here, the parent keeps its own).
-    *watchdog = Some(Watchdog {
-        pid,
-        running: start_watchdog(owner),
-    });
+    let running = start_watchdog(owner);
+    if running.is_some() {
+        let owner = *owner;
+        let kept = std::thread::Builder::new()
+            .name("crosshost-shm-keeper".into())
+            .spawn(move || keep_watchdog(owner));
+        if let Err(e) = kept {
+            log::warn!(
+                "no keeper for the shared-memory watchdog ({e}): if it is killed, it stays dead"
+            );
+        }
+    }
+    *watchdog = Some(Watchdog { pid, running });
+}
+
+/// Replaces the watchdog whenever its end of the pipe closes (it was
+/// killed) while this process lives. Blocks in poll(2), never spins.
+fn keep_watchdog(owner: ShmOwner) {
+    loop {
+        let fd = {
+            let watchdog = WATCHDOG.lock();
+            match watchdog.as_ref().and_then(|w| w.running.as_ref()) {
+                Some((_, stdin)) => stdin.as_raw_fd(),
+                None => return,
+            }
+        };
+        // No events asked for: poll returns when the read end closes
+        // (POLLERR), which is the helper's death.
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; `fd` stays open while the watchdog
+        // entry holds its ChildStdin, which only this thread replaces.
+        let ready = unsafe { libc::poll(&mut pollfd, 1, -1) };
+        if ready < 0 {
+            if std::io::Error::last_os_error().kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            log::warn!(
+                "shared-memory watchdog keeper: poll failed ({}); it stops",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        let mut watchdog = WATCHDOG.lock();
+        let Some(entry) = watchdog.as_mut() else {
+            return;
+        };
+        if let Some((mut child, _)) = entry.running.take() {
+            let status = child.wait();
+            log::warn!(
+                "the shared-memory watchdog {} of this process ended ({status:?}) while the \
+                 process lives; starting another",
+                child.id()
+            );
+        }
+        entry.running = start_watchdog(&owner);
+        if entry.running.is_none() {
+            return;
+        }
+    }
 }
 
 /// The watchdog's process id, if one runs for this process (for tests).
@@ -153,10 +217,17 @@ fn start_watchdog(owner: &ShmOwner) -> Option<(Child, ChildStdin)> {
     }
     // Only digits and dashes follow the fixed prefix: nothing to quote.
     let pattern = format!("{SHM_DIR}{}*", shm_name_prefix_of(owner));
+    let dir = SHM_DIR;
+    let name = format!("{}*", &shm_name_prefix_of(owner)[1..]);
+    // `find` takes any number of names; `rm` with the glob as arguments
+    // would fail outright past the argument limit (names can be planted).
     let script = format!(
         "trap '' HUP INT QUIT TERM PIPE USR1 USR2\n\
          while read -r _; do :; done\n\
-         exec rm -f -- {pattern}\n"
+         if command -v find >/dev/null 2>&1; then\n\
+           exec find {dir} -maxdepth 1 -name '{name}' -delete\n\
+         fi\n\
+         for f in {pattern}; do rm -f -- \"$f\"; done\n"
     );
     let spawned = Command::new("/bin/sh")
         .arg("-c")

@@ -1,6 +1,6 @@
 use super::*;
 use crate::transport::random::random_hex;
-use crate::transport::shm::SharedRegion;
+use crate::transport::shm::{SharedRegion, SHM_NAME_RANDOM_HEX_LEN};
 use crate::transport::shm_test_object::{exists, NamedShmObject};
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -77,8 +77,9 @@ fn the_reaper_skips_names_that_are_not_ours() {
     assert!(!report.removed.contains(&odd));
 }
 
-/// Runs in a child process (see the test below): creates a region, prints
-/// its name and its watchdog's pid, then waits to be killed.
+/// Runs in a child process (see the tests below): creates a region, prints
+/// its name and its watchdog's pid, then answers each line on stdin with
+/// its watchdog's pid until stdin closes or it is killed.
 #[test]
 #[ignore = "helper run as a child process by a_killed_process_watchdog_removes_its_objects"]
 fn child_creates_a_region_and_waits() {
@@ -92,8 +93,81 @@ fn child_creates_a_region_and_waits() {
         watchdog_pid().map_or(0, |pid| pid)
     );
     let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
+    while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {
+        println!("watchdog {}", watchdog_pid().map_or(0, |pid| pid));
+        line.clear();
+    }
     drop(region);
+}
+
+struct ChildOwner {
+    process: std::process::Child,
+    stdout: BufReader<std::process::ChildStdout>,
+    region: String,
+    watchdog: u32,
+}
+
+/// Starts `child_creates_a_region_and_waits` in a child process.
+fn start_child() -> ChildOwner {
+    let mut process = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "transport::shm_reaper::tests::child_creates_a_region_and_waits",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, "1")
+        .env_remove(WATCHDOG_ENV)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(process.stdout.take().unwrap());
+    // libtest may print "test <name> ... " on the same line first.
+    let mut line = String::new();
+    let report = loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = process.kill();
+            let _ = process.wait();
+            panic!("the child printed no region");
+        }
+        if let Some(at) = line.find("region /") {
+            break line[at..].to_string();
+        }
+    };
+    let fields: Vec<&str> = report.split_whitespace().collect();
+    let watchdog: u32 = fields[3].parse().unwrap();
+    assert!(watchdog > 0, "the child started no watchdog");
+    ChildOwner {
+        region: fields[1].to_string(),
+        watchdog,
+        process,
+        stdout,
+    }
+}
+
+impl ChildOwner {
+    /// The child's watchdog pid now.
+    fn ask_watchdog(&mut self) -> u32 {
+        use std::io::Write;
+        let stdin = self.process.stdin.as_mut().unwrap();
+        stdin.write_all(b"?\n").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim()
+            .strip_prefix("watchdog ")
+            .unwrap_or_else(|| panic!("unexpected answer {line:?}"))
+            .parse()
+            .unwrap()
+    }
+
+    fn kill(mut self) {
+        self.process.kill().unwrap(); // SIGKILL: no destructor runs
+        self.process.wait().unwrap();
+    }
 }
 
 fn pidfd_of(pid: u32) -> OwnedFd {
@@ -121,49 +195,90 @@ fn wait_exit(pidfd: &OwnedFd, timeout_ms: i32) -> bool {
 
 #[test]
 fn a_killed_process_watchdog_removes_its_objects() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "transport::shm_reaper::tests::child_creates_a_region_and_waits",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, "1")
-        .env_remove(WATCHDOG_ENV)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // libtest may print "test <name> ... " on the same line first.
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let report = loop {
-        line.clear();
-        if stdout.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the child printed no region");
-        }
-        if let Some(at) = line.find("region /") {
-            break line[at..].to_string();
-        }
-    };
-    let fields: Vec<&str> = report.split_whitespace().collect();
-    let name = fields[1].to_string();
-    let guard = NamedShmObject::adopt(name.clone());
-    let watchdog: u32 = fields[3].parse().unwrap();
+    let child = start_child();
+    let guard = NamedShmObject::adopt(child.region.clone());
     assert!(guard.exists());
-    assert!(watchdog > 0, "the child started no watchdog");
-    let watchdog_exit = pidfd_of(watchdog);
+    let watchdog_exit = pidfd_of(child.watchdog);
     assert!(!wait_exit(&watchdog_exit, 0), "the watchdog ended early");
-
-    child.kill().unwrap(); // SIGKILL: no destructor runs
-    child.wait().unwrap();
-
+    child.kill();
     assert!(
         wait_exit(&watchdog_exit, 20_000),
         "the watchdog did not finish within 20 s of its process's death"
     );
-    assert!(!guard.exists(), "{name} is still in {SHM_DIR}");
+    assert!(!guard.exists(), "{} is still in {SHM_DIR}", guard.name());
+}
+
+/// More names under the owner's prefix than fit in one command line
+/// (ARG_MAX, 2 MiB here: ~60 bytes a name): the watchdog still removes the
+/// owner's region, and the planted names with it.
+#[test]
+fn names_planted_under_the_owners_prefix_do_not_stop_its_watchdog() {
+    let child = start_child();
+    let guard = NamedShmObject::adopt(child.region.clone());
+    let prefix = &child.region[..child.region.len() - SHM_NAME_RANDOM_HEX_LEN];
+    let planted: Vec<String> = (0..40_000)
+        .map(|i| {
+            format!(
+                "{SHM_DIR}{prefix}{i:0>width$x}",
+                width = SHM_NAME_RANDOM_HEX_LEN
+            )
+        })
+        .collect();
+    let planted_bytes: usize = planted.iter().map(|p| p.len() + 1).sum();
+    assert!(
+        planted_bytes > 2 << 20,
+        "plant more: {planted_bytes} bytes of names"
+    );
+    for path in &planted {
+        std::fs::File::create(path).unwrap();
+    }
+    let watchdog_exit = pidfd_of(child.watchdog);
+    child.kill();
+    let finished = wait_exit(&watchdog_exit, 30_000);
+    let left = planted
+        .iter()
+        .filter(|p| std::path::Path::new(p).exists())
+        .count();
+    for path in &planted {
+        let _ = std::fs::remove_file(path);
+    }
+    assert!(finished, "the watchdog did not finish within 30 s");
+    assert!(!guard.exists(), "{} is still in {SHM_DIR}", guard.name());
+    assert_eq!(left, 0, "planted names left");
+}
+
+/// A watchdog killed before its owner is replaced, and the replacement
+/// removes the owner's region when the owner dies.
+#[test]
+fn a_watchdog_killed_before_its_owner_is_replaced() {
+    let mut child = start_child();
+    let guard = NamedShmObject::adopt(child.region.clone());
+    let first = child.watchdog;
+    let first_exit = pidfd_of(first);
+    // SAFETY: plain syscall on a pid we were told is the child's watchdog.
+    assert_eq!(
+        unsafe { libc::kill(first as libc::pid_t, libc::SIGKILL) },
+        0
+    );
+    assert!(wait_exit(&first_exit, 10_000), "the watchdog did not die");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let second = loop {
+        let now = child.ask_watchdog();
+        if now != first && now != 0 {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new watchdog within 10 s (still {now})"
+        );
+        std::thread::yield_now();
+    };
+    assert!(guard.exists());
+    let second_exit = pidfd_of(second);
+    child.kill();
+    assert!(
+        wait_exit(&second_exit, 20_000),
+        "the new watchdog did not finish within 20 s of its process's death"
+    );
+    assert!(!guard.exists(), "{} is still in {SHM_DIR}", guard.name());
 }
