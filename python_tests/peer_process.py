@@ -162,8 +162,34 @@ def receive_then_idle_peer(api, xh, client, ch):
     del bufs
 
 
+SHRINK_SPEC = th.spec(BT.U8, 64 * 1024)
+
+
+def receive_thrice_peer(api, xh, client, ch):
+    """Receives SHRINK_SPEC from node 0's first device three times (keys
+    1, 2, 3): the first must arrive intact; the second is posted, said
+    ("posted2"), and its outcome reported as "outcome2" (the test truncates
+    this process's shared memory before sending it); the third, after it,
+    must arrive intact again."""
+    d2 = client.addressable_devices()[0]
+    src = [th.device_ids(client, 0)[0]]
+    (first,) = xh.receive(client, d2, [SHRINK_SPEC], src, [1])
+    th.expect_ok(th.buffer_status(first), "first receive")
+    th.assert_same_bytes(th.read_back(first, SHRINK_SPEC), th.make_data(SHRINK_SPEC, 1), "first")
+    ch.put("first_done", b"1")
+    (second,) = xh.receive(client, d2, [SHRINK_SPEC], src, [2])
+    ch.put("posted2", b"1")
+    status = th.buffer_status(second)
+    ch.put("outcome2", b"ok" if status is None else f"{status.code.name}: {status.message}".encode())
+    # The pool no longer carves from the truncated segment: key 3 lands.
+    (third,) = xh.receive(client, d2, [SHRINK_SPEC], src, [3])
+    th.expect_ok(th.buffer_status(third), "third receive")
+    th.assert_same_bytes(th.read_back(third, SHRINK_SPEC), th.make_data(SHRINK_SPEC, 3), "third")
+
+
 SCENARIOS = {
     "v2": v2_peer,
+    "receive_thrice": receive_thrice_peer,
     "v1": v1_peer,
     "idle": idle_peer,
     "send_on_go": send_on_go_peer,

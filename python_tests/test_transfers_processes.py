@@ -413,6 +413,46 @@ def test_a_send_into_a_killed_receivers_shared_memory_is_unavailable_not_ok(
                 pass
 
 
+def test_a_receivers_segment_truncated_under_the_senders_mapping_fails_that_send_only(
+    xh, job_factory
+):
+    """Issue 17: a process of the same user ftruncates the receiver's
+    shared memory after the sender mapped it (the first transfer). The
+    sender's next copy into it used to die of SIGBUS (rc -7); now that send
+    fails DATA_LOSS naming the segment, the receiver is told, and the
+    sender's process goes on: a later transfer into another process's fresh
+    memory passes."""
+    job = job_factory("receive_thrice")
+    receiver = job.proc.pid
+    c = job.client
+    s = peer.SHRINK_SPEC
+    d0 = c.addressable_devices()[0]
+    dst = [th.device_ids(c, 1)[0]]
+    (ev,) = xh.send(c, [th.upload(c, d0, s, th.make_data(s, 1))], dst, [1])
+    th.expect_ok(th.wait_event(ev), "first send")
+    job.ch.get("first_done", 30)
+    job.ch.get("posted2", 30)
+    segments = receiver_segments(receiver)
+    assert segments, sorted(os.listdir("/dev/shm"))
+    for name in segments:
+        os.truncate(os.path.join("/dev/shm", name), 0)
+    (ev,) = xh.send(c, [th.upload(c, d0, s, th.make_data(s, 2))], dst, [2])
+    st = th.wait_event(ev)
+    th.expect_code(st, EC.DATA_LOSS, "send into a truncated segment")
+    assert "shrank under the copy" in str(st) and segments[0] in str(st), st
+    try:
+        outcome = job.ch.get("outcome2", 30).decode()
+    except TimeoutError:
+        raise AssertionError(f"receiver rc={job.proc.poll()}: {job.child_stderr()}") from None
+    assert outcome.startswith("DATA_LOSS"), outcome
+    # Both processes live on: the receiver's pool leaves the truncated
+    # segment alone, and the next transfer lands in fresh memory.
+    (ev,) = xh.send(c, [th.upload(c, d0, s, th.make_data(s, 3))], dst, [3])
+    th.expect_ok(th.wait_event(ev), "send after the fault")
+    job.result("receive_thrice")
+    job.finish()
+
+
 def receiver_segments(pid: int) -> list[str]:
     """The /dev/shm objects process ``pid`` created
     (``crosshost-<pid namespace>-<pid>-<start time>-<hex>``)."""

@@ -29,6 +29,7 @@ pub mod poll;
 pub mod random;
 pub mod registry;
 pub mod shm;
+pub mod shm_fault;
 pub mod shm_mappings;
 pub mod shm_owner;
 pub mod shm_pool;

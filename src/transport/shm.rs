@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::destination::WritableDestination;
 use super::random::random_hex;
+use super::shm_fault::{Registration, Shrank};
 use super::shm_owner::ShmOwner;
 use crate::status::{self, Result, Status};
 
@@ -115,6 +116,8 @@ pub struct SharedRegion {
     /// True for the creator, which unlinks the name at the latest on drop.
     owns_name: bool,
     unlinked: AtomicBool,
+    /// The mapping's entry in the SIGBUS guard (`shm_fault.rs`).
+    guard: Registration,
 }
 
 // SAFETY: the mapping is process-wide memory owned by this struct and only
@@ -148,6 +151,7 @@ impl SharedRegion {
             len,
             owns_name: true,
             unlinked: AtomicBool::new(false),
+            guard: Registration::none(),
         };
         // From here on, dropping `region` unlinks the name on every error path.
         let sized = reserve(&descriptor, len, &region.name);
@@ -155,6 +159,7 @@ impl SharedRegion {
             map(&descriptor, 0, len, options.prefault, &region.name).map(|mapping| {
                 region.mapping = mapping;
                 region.mapping_len = len;
+                region.guard = Registration::new(mapping as usize, len);
             })
         });
         mapped?;
@@ -234,11 +239,13 @@ impl SharedRegion {
             len,
             owns_name: false,
             unlinked: AtomicBool::new(false),
+            guard: Registration::none(),
         };
         if len > 0 {
             let mapping_len = start_in_mapping + len;
             region.mapping = map(&descriptor, aligned_offset, mapping_len, prefault, name)?;
             region.mapping_len = mapping_len;
+            region.guard = Registration::new(region.mapping as usize, mapping_len);
         }
         Ok(region)
     }
@@ -287,6 +294,18 @@ impl SharedRegion {
         Ok(super::claim::ClaimSlot(word))
     }
 
+    /// SIGBUS faults answered in this mapping so far: its file shrank, and
+    /// the pages past its end are now private zeroes (`shm_fault.rs`).
+    pub fn faults(&self) -> u64 {
+        self.guard.faults()
+    }
+
+    /// Runs `copy` (which writes into this mapping); `Shrank` if the file
+    /// shrank under it.
+    pub fn guarded<R>(&self, copy: impl FnOnce() -> R) -> std::result::Result<R, Shrank> {
+        self.guard.guarded(copy)
+    }
+
     /// Copies `bytes` into the region at `offset` (bounds checked).
     pub fn write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         self.check_range(offset, bytes.len(), "write")?;
@@ -328,6 +347,11 @@ impl SharedRegion {
             std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len())
         };
         Ok(())
+    }
+
+    /// Whether `unlink` ran.
+    pub fn is_unlinked(&self) -> bool {
+        self.unlinked.load(Ordering::Acquire)
     }
 
     /// Removes the name so no further process can open the region; existing
@@ -375,6 +399,8 @@ impl Drop for SharedRegion {
             // nothing else unmaps them; no references into the mapping outlive
             // `self` (the API only copies through raw pointers).
             let result = unsafe { libc::munmap(self.mapping.cast(), self.mapping_len) };
+            // Out of the SIGBUS guard only once unmapped.
+            self.guard = Registration::none();
             if result != 0 {
                 log::error!(
                     "munmap of shared-memory region {} failed: {}",

@@ -95,6 +95,14 @@ fn forget_gone_receivers(cache: &mut Vec<MappedSegment>) {
     });
 }
 
+/// Drops our mapping of `name` (its file shrank under a copy: pages of it
+/// are now private to us).
+pub fn forget_segment(name: &str) {
+    REMOTE_SEGMENTS
+        .lock()
+        .retain(|segment| segment.name != name);
+}
+
 /// Drops our mappings of a gone receiver's segments.
 pub fn forget_segments_of(receiver: &OwnerWatch) {
     REMOTE_SEGMENTS

@@ -147,12 +147,33 @@ impl ShmPool {
             return self.allocate_dedicated(len);
         }
         let mut state = self.inner.state.lock();
+        // A segment whose file shrank (another process truncated it; its
+        // mapping faulted) is never carved from again, nor counted: its
+        // leases drain, and a fresh segment may take its place.
+        for segment in &state.segments {
+            if segment.region.faults() > 0 && !segment.region.is_unlinked() {
+                log::warn!(
+                    "pooled shared-memory segment {} was truncated by another process: \
+                     no longer used",
+                    segment.region.name()
+                );
+                if let Err(e) = segment.region.unlink() {
+                    log::warn!("unlinking it: {e}");
+                }
+            }
+        }
         let mut found = state
             .segments
             .iter_mut()
             .enumerate()
+            .filter(|(_, segment)| segment.region.faults() == 0)
             .find_map(|(index, segment)| segment.carve(carved_len).map(|start| (index, start)));
-        if found.is_none() && state.segments.len() < self.inner.config.max_segments {
+        let healthy = state
+            .segments
+            .iter()
+            .filter(|segment| segment.region.faults() == 0)
+            .count();
+        if found.is_none() && healthy < self.inner.config.max_segments {
             let mut segment = self.inner.new_segment()?;
             let start = segment
                 .carve(carved_len)

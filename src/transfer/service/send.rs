@@ -15,7 +15,10 @@ use crate::transfer::host_destination::local_region;
 use crate::transfer::keys::{descriptor_key, pair_epoch};
 use crate::transfer::receipt::Receipt;
 use crate::transport::claim::ClaimRange;
-use crate::transport::shm_mappings::{forget_segments_of, mapped_segment, receiver_gone};
+use crate::transport::shm::SharedRegion;
+use crate::transport::shm_mappings::{
+    forget_segment, forget_segments_of, mapped_segment, receiver_gone,
+};
 use crate::transport::shm_owner::OwnerWatch;
 use crate::transport::tcp::tcp_send;
 use crate::transport::ucx::Payload;
@@ -375,6 +378,41 @@ impl TransferService {
     /// Writes the source into the destination. For another process's shared
     /// memory, returns the watch of that receiving process, which was alive
     /// after the write.
+    /// Takes the destination's exact range (single use) before writing a
+    /// byte, then writes the source into it and nothing outside it.
+    fn claim_and_fill(
+        &self,
+        region: &SharedRegion,
+        source: &SendSource,
+        descriptor: &Descriptor,
+        function: &str,
+    ) -> std::result::Result<(), CopyError> {
+        let claim = ClaimRange {
+            nonce: descriptor.nonce,
+            offset: descriptor.offset,
+            len: descriptor.byte_size,
+        };
+        region
+            .claim_slot(descriptor.offset)?
+            .claim(&claim)
+            .map_err(|e| {
+                CopyError::Refused(Status::new(e.code, format!("{function}: {}", e.message)))
+            })?;
+        let len = source.spec.byte_size as u64;
+        claim.check_write(descriptor.offset, len)?;
+        // Straight into the mapping: a host source is one memcpy, a compute
+        // plugin's buffer is read back into it directly.
+        let offset = descriptor.offset as usize;
+        if kill_points::armed(kill_points::SENDER_MID_COPY) && len > 1 {
+            // Half the bytes in, then the test kills this process.
+            let half = len as usize / 2;
+            region.fill_at(offset, half, |dst| source.memory.read(0, dst))?;
+            kill_points::reached(kill_points::SENDER_MID_COPY);
+        }
+        region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?;
+        Ok(())
+    }
+
     fn copy_into_destination(
         &self,
         source: &SendSource,
@@ -405,34 +443,19 @@ impl TransferService {
                     }
                 };
                 descriptor.check_fits_in(region.len() as u64)?;
-                // Single use: take the destination's exact range before
-                // writing a byte, and write nothing outside it.
-                let claim = ClaimRange {
-                    nonce: descriptor.nonce,
-                    offset: descriptor.offset,
-                    len: descriptor.byte_size,
-                };
-                region
-                    .claim_slot(descriptor.offset)?
-                    .claim(&claim)
-                    .map_err(|e| {
-                        CopyError::Refused(Status::new(
-                            e.code,
-                            format!("{function}: {}", e.message),
-                        ))
-                    })?;
-                let len = source.spec.byte_size as u64;
-                claim.check_write(descriptor.offset, len)?;
-                // Straight into the mapping: a host source is one memcpy, a
-                // compute plugin's buffer is read back into it directly.
-                let offset = descriptor.offset as usize;
-                if kill_points::armed(kill_points::SENDER_MID_COPY) && len > 1 {
-                    // Half the bytes in, then the test kills this process.
-                    let half = len as usize / 2;
-                    region.fill_at(offset, half, |dst| source.memory.read(0, dst))?;
-                    kill_points::reached(kill_points::SENDER_MID_COPY);
+                // Another process of the user may truncate the segment under
+                // our mapping: that fails this copy, never the process.
+                let copied =
+                    region.guarded(|| self.claim_and_fill(&region, source, descriptor, function));
+                match copied {
+                    Ok(filled) => filled?,
+                    Err(shrank) => {
+                        forget_segment(name);
+                        return Err(CopyError::Failed(shrank.status(&format!(
+                            "{function}: the receiver's shared-memory segment {name}"
+                        ))));
+                    }
                 }
-                region.fill_at(offset, len as usize, |dst| source.memory.read(0, dst))?;
                 if let Some(receiver) = &receiver {
                     if receiver.is_gone() {
                         forget_segments_of(receiver);
