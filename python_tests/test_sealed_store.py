@@ -118,7 +118,7 @@ def test_with_a_job_secret_the_store_reveals_nothing_and_forged_values_are_rejec
         for key, value in stored.items():
             # Sealed: the format tag, then bytes that say nothing.
             assert value.startswith(b"xsv1"), (key, value[:40])
-            assert b"xs4" not in value and b"unix=" not in value, (key, value)
+            assert b"xs5" not in value and b"unix=" not in value, (key, value)
 
         s = th.spec(BT.F32, 256)
         data = th.make_data(s, 17)
@@ -190,7 +190,7 @@ def test_without_a_job_secret_the_store_holds_values_in_clear(api, xh, etcd):
     c0, c1 = make_job(api, etcd, None)
     try:
         stored = etcd_values(etcd)
-        assert any(v.startswith(b"xs4") for v in stored.values()), stored
+        assert any(v.startswith(b"xs5") for v in stored.values()), stored
         assert forged(c0) == 0
     finally:
         c1.destroy()
@@ -247,11 +247,19 @@ def allocation_of(d: bytes) -> bytes:
     return d[at + 2:at + 2 + int.from_bytes(d[at:at + 2], "little")]
 
 
-@pytest.mark.parametrize("forgery", ["pid", "shm-owner"])
+@pytest.mark.parametrize("forgery", ["pid", "shm-owner", "tcp-port"])
 def test_without_a_secret_a_sender_refuses_a_descriptor_of_another_process(api, xh, etcd, forgery):
     """Without job_secret_file the store is open, but a descriptor must
-    still name a destination of the process that owns the device."""
-    c0, c1 = make_job(api, etcd, None, "tcp" if forgery == "pid" else "auto")
+    still name a destination of the process that owns the device: its
+    host and pid, its shared memory, its TCP receive server (the address
+    and port its session entry states, not another listener at the same
+    address)."""
+    c0, c1 = make_job(api, etcd, None, "auto" if forgery == "shm-owner" else "tcp",
+                      advertise_address="127.0.0.1")
+    thief = socket.socket()
+    thief.bind(("127.0.0.1", 0))
+    thief.listen(4)
+    thief.setblocking(False)
     try:
         s = th.spec(BT.U8, 4096)
         src_id, dst_id = th.device_ids(c1, 0)[0], th.device_ids(c0, 1)[0]
@@ -263,6 +271,10 @@ def test_without_a_secret_a_sender_refuses_a_descriptor_of_another_process(api, 
         assert genuine.startswith(b"PXHD"), genuine[:8]
         if forgery == "pid":
             fake = redirected(genuine, pid=1)
+        elif forgery == "tcp-port":
+            ip, _port = allocation_of(genuine).decode().rsplit(":", 1)
+            assert ip == "127.0.0.1", ip
+            fake = redirected(genuine, allocation=f"{ip}:{thief.getsockname()[1]}".encode())
         else:
             name = allocation_of(genuine).decode()
             fields = name.split("-")  # /crosshost-<ns>-<pid>-<start>-<hex>
@@ -273,6 +285,8 @@ def test_without_a_secret_a_sender_refuses_a_descriptor_of_another_process(api, 
         err = th.wait_event(ev52, timeout=30)
         assert err is not None and err.code == EC.PERMISSION_DENIED, err
         assert "job_secret_file" in err.message and "process 1" in err.message, err.message
+        with pytest.raises(BlockingIOError):
+            thief.accept()  # nobody connected to the forged endpoint
         # The job goes on: transfer 51 arrives whole.
         data = th.make_data(s, 51)
         (ev51,) = xh.send(c0, [th.upload(c0, dev0, s, data)], [dst_id], [51])
@@ -280,5 +294,6 @@ def test_without_a_secret_a_sender_refuses_a_descriptor_of_another_process(api, 
         th.expect_ok(th.buffer_status(buf51, timeout=30), "receive 51")
         th.assert_same_bytes(th.read_back(buf51, s), data, "received bytes")
     finally:
+        thief.close()
         c1.destroy()
         c0.destroy()

@@ -159,7 +159,7 @@ pub fn check_tcp_response(bytes: &[u8]) {
 
 // --------------------------------- session -----------------------------------
 
-/// `ProcessEntry::decode` on a peer's session entry (`xs4 ...`).
+/// `ProcessEntry::decode` on a peer's session entry (`xs5 ...`).
 pub fn check_session_entry(bytes: &[u8]) {
     let entry = match ProcessEntry::decode(3, bytes) {
         Ok(entry) => entry,

@@ -19,9 +19,10 @@ use crate::sync::{Future, Metrics};
 use crate::transfer::keys::{self, KeyReader};
 use crate::transfer::receive_budget::default_max_receive_bytes;
 use crate::transfer::service::{TransferConfig, TransferService};
-use crate::transfer::session::{LocalDevices, Session};
+use crate::transfer::session::{LocalDevices, Reachable, Session};
 use crate::transport::advertise::{self, AddressHints};
 use crate::transport::host_identity::HostIdentity;
+use crate::transport::tcp::TcpReceiveServer;
 use crate::transport::ucx::{self, UcxTransport};
 
 pub const PLATFORM_NAME: &str = "crosshost";
@@ -588,6 +589,17 @@ impl Client {
         // the caller asked for its own store (kv_store=callbacks/memory).
         let use_peer_store = options.num_nodes > 1 && options.store == StoreChoice::Default;
         let mut peer_store: Option<Arc<PeerStore>> = None;
+        // Bound before the session entry is written, which states its
+        // address: senders then send TCP bytes to nowhere else.
+        let tcp_server = match (options.num_nodes > 1, options.transport) {
+            (true, TransportChoice::Auto | TransportChoice::Tcp) => Some(TcpReceiveServer::bind(
+                std::net::SocketAddr::new(advertised.bind, 0),
+            )?),
+            _ => None,
+        };
+        let tcp_data = tcp_server.as_ref().map(|server| {
+            std::net::SocketAddr::new(advertised.address, server.local_addr().port())
+        });
         let mut session = if options.num_nodes > 1 {
             Session::establish(
                 &*framework_store,
@@ -599,7 +611,10 @@ impl Client {
                 options.session_timeout,
                 |_epoch, secret| {
                     if !use_peer_store {
-                        return Ok(None);
+                        return Ok(Reachable {
+                            control: None,
+                            tcp_data,
+                        });
                     }
                     let store = PeerStore::start(
                         options.node_id as u32,
@@ -609,7 +624,10 @@ impl Client {
                     )?;
                     let endpoint = store.endpoint().clone();
                     peer_store = Some(store);
-                    Ok(Some(endpoint))
+                    Ok(Reachable {
+                        control: Some(endpoint),
+                        tcp_data,
+                    })
                 },
             )?
         } else {
@@ -659,6 +677,7 @@ impl Client {
                 ..TransferConfig::default()
             },
             ucx,
+            tcp_server,
         );
         if let Some(peer) = &peer_store {
             // A peer whose link closed is gone: its receives fail now, and

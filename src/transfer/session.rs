@@ -16,6 +16,7 @@
 //! A store shared by several jobs must give each job its own session name
 //! (JAX's coordination service is per job, so under JAX this holds).
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::kv::KeyValueStore;
@@ -79,6 +80,9 @@ pub struct ProcessEntry {
     pub pid: u32,
     /// Where its control links are served (peer store), if it has them.
     pub control: Option<ControlEndpoint>,
+    /// Where its TCP receive server listens, if it has one: a sender sends
+    /// TCP bytes only there, whatever a descriptor says.
+    pub tcp_data: Option<SocketAddr>,
     /// Its `transport` option (every process of a job must use the same).
     pub transport: String,
 }
@@ -94,6 +98,7 @@ impl ProcessEntry {
             host: HostIdentity::local()?,
             pid: std::process::id(),
             control: None,
+            tcp_data: None,
         })
     }
 
@@ -106,14 +111,18 @@ impl ProcessEntry {
             .control
             .as_ref()
             .map_or_else(|| "-".to_string(), ControlEndpoint::encode);
+        let tcp_data = self
+            .tcp_data
+            .map_or_else(|| "-".to_string(), |addr| addr.to_string());
         format!(
-            "xs4 {} {} {} {} {} {} {} {}",
+            "xs5 {} {} {} {} {} {} {} {} {}",
             self.num_devices,
             self.host.hostname,
             self.host.boot_id,
             self.pid,
             ids,
             control,
+            tcp_data,
             self.transport,
             self.device_kind
         )
@@ -128,10 +137,15 @@ impl ProcessEntry {
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
         // The kind is last and may contain spaces (a GPU's name).
-        let parts: Vec<&str> = text.splitn(9, ' ').collect();
-        let ["xs4", devices, hostname, boot_id, pid, ids, control, transport, kind] = parts[..]
+        let parts: Vec<&str> = text.splitn(10, ' ').collect();
+        let ["xs5", devices, hostname, boot_id, pid, ids, control, tcp_data, transport, kind] =
+            parts[..]
         else {
             return Err(bad());
+        };
+        let tcp_data = match tcp_data {
+            "-" => None,
+            text => Some(text.parse::<SocketAddr>().map_err(|_| bad())?),
         };
         let control = match control {
             "-" => None,
@@ -167,8 +181,26 @@ impl ProcessEntry {
             },
             pid: pid.parse().map_err(|_| bad())?,
             control,
+            tcp_data,
             transport: transport.to_string(),
         })
+    }
+}
+
+/// Where the job's other processes reach this one, as its session entry
+/// states it.
+#[derive(Clone, Debug, Default)]
+pub struct Reachable {
+    pub control: Option<ControlEndpoint>,
+    pub tcp_data: Option<SocketAddr>,
+}
+
+impl From<Option<ControlEndpoint>> for Reachable {
+    fn from(control: Option<ControlEndpoint>) -> Reachable {
+        Reachable {
+            control,
+            tcp_data: None,
+        }
     }
 }
 
@@ -209,10 +241,11 @@ impl Session {
 
     /// Agrees on the epoch and exchanges process entries with the other
     /// `num_processes - 1` processes, waiting at most `timeout` for each.
-    /// `control` starts this process's control links once the job's secret
-    /// is known and returns where peers reach them (or `None`).
+    /// `control` starts this process's control links (and TCP receive
+    /// server) once the job's secret is known and returns where peers reach
+    /// them (`Reachable`, or just the control endpoint or `None`).
     #[allow(clippy::too_many_arguments)]
-    pub fn establish(
+    pub fn establish<R: Into<Reachable>>(
         store: &dyn KeyValueStore,
         name: &str,
         process_index: i32,
@@ -220,7 +253,7 @@ impl Session {
         devices: LocalDevices,
         transport: &str,
         timeout: Duration,
-        control: impl FnOnce(&str, Secret) -> Result<Option<ControlEndpoint>>,
+        control: impl FnOnce(&str, Secret) -> Result<R>,
     ) -> Result<Session> {
         let epoch_key = format!("crosshost/session/{name}/epoch");
         let (epoch, secret) = if process_index == 0 {
@@ -247,7 +280,9 @@ impl Session {
             (epoch.to_string(), Secret::from_hex(secret).ok_or_else(bad)?)
         };
         let mut me = ProcessEntry::mine(process_index, devices, transport)?;
-        me.control = control(&epoch, secret)?;
+        let reachable: Reachable = control(&epoch, secret)?.into();
+        me.control = reachable.control;
+        me.tcp_data = reachable.tcp_data;
         let entry_key = |i: usize| Session::entry_key(name, &epoch, i);
         store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
         let mut processes = Vec::with_capacity(num_processes);
@@ -496,18 +531,28 @@ mod tests {
             "xs1 2 h b 1",
             "xs2 2 h b 1 - cpu",
             "xs3 2 h b 7 - - crosshost host",
-            "xs4 2 h b 1 0,1,2 - auto cpu",
-            "xs4 x h b 1 - - auto cpu",
-            "xs4 1 h b 1 a - auto cpu",
-            "xs4 1 h b 1 - unix=x auto cpu",
+            "xs4 2 h b 7 - - tcp crosshost host",
+            "xs5 2 h b 1 0,1,2 - - auto cpu",
+            "xs5 x h b 1 - - - auto cpu",
+            "xs5 1 h b 1 a - - auto cpu",
+            "xs5 1 h b 1 - unix=x - auto cpu",
+            "xs5 1 h b 1 - - 10.0.0.1 auto cpu",
+            "xs5 1 h b 1 - - 10.0.0.1:x auto cpu",
         ] {
             let err = ProcessEntry::decode(3, text.as_bytes()).unwrap_err();
             assert_eq!(err.code, crate::status::Code::DataLoss, "{text}");
         }
-        let ok = ProcessEntry::decode(3, b"xs4 2 h b 7 - - tcp crosshost host").unwrap();
+        let ok = ProcessEntry::decode(3, b"xs5 2 h b 7 - - - tcp crosshost host").unwrap();
         assert_eq!(ok.device_kind, "crosshost host");
         assert_eq!(ok.transport, "tcp");
         assert_eq!((ok.num_devices, ok.pid, ok.device_ids), (2, 7, None));
+        assert_eq!(ok.tcp_data, None);
+        let with_tcp = ProcessEntry::decode(3, b"xs5 1 h b 7 - - [::1]:4242 tcp cpu").unwrap();
+        assert_eq!(with_tcp.tcp_data, Some("[::1]:4242".parse().unwrap()));
+        assert_eq!(
+            ProcessEntry::decode(3, with_tcp.encode().as_bytes()).unwrap(),
+            with_tcp
+        );
     }
 
     #[test]

@@ -528,12 +528,24 @@ fn map(
     Ok(mapping.cast())
 }
 
+/// The object's size, once it is known to be this user's: /dev/shm is
+/// writable by everyone, so another user could plant an object under a name
+/// that claims a receiver of ours, for a sender to write its bytes into.
 fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
     // SAFETY: `stat` is plain old data; all-zero is a valid value to overwrite.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `stat` is a valid out-pointer for the call; the descriptor is ours.
     if unsafe { libc::fstat(descriptor.0, &mut stat) } != 0 {
         return Err(os_status("fstat", name, std::io::Error::last_os_error()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if stat.st_uid != me {
+        return Err(status::permission_denied(format!(
+            "shared-memory region {name} belongs to uid {}, not to this process's user ({me}): \
+             it is not a destination of this job",
+            stat.st_uid
+        )));
     }
     Ok(stat.st_size.max(0) as u64)
 }

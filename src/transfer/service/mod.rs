@@ -230,12 +230,15 @@ pub struct TransferService {
 impl TransferService {
     /// The service of one client. `ucx` is its UCX transport when the
     /// session found peers to reach over it (their addresses are in
-    /// `session.ucx`).
+    /// `session.ucx`); `tcp_server` its TCP receive server when it was
+    /// bound before the session (its address is in the session entry),
+    /// else one is bound at the first TCP destination.
     pub fn new(
         store: Arc<dyn KeyValueStore>,
         session: Session,
         config: TransferConfig,
         ucx: Option<UcxTransport>,
+        tcp_server: Option<TcpReceiveServer>,
     ) -> Arc<Self> {
         // Shared memory of processes that died without unlinking it goes
         // before this client adds its own (once per process).
@@ -266,7 +269,7 @@ impl TransferService {
             described_waits: DescribedWaits::default(),
             lost: Mutex::new(HashSet::new()),
             liveness: Mutex::new(None),
-            tcp_server: OnceCell::new(),
+            tcp_server: tcp_server.map_or_else(OnceCell::new, OnceCell::with_value),
             ucx,
             incarnations: Mutex::new(HashMap::new()),
             pool: ShmPool::new(ShmPoolConfig {

@@ -148,8 +148,13 @@ impl TransferService {
             ));
         }
         match &descriptor.allocation {
-            AllocationHandle::Tcp { endpoint } => match &entry.control {
-                Some(control) if control.tcp.ip() != endpoint.ip() => {
+            // The session entry names the receiver's TCP receive server:
+            // bytes go there or nowhere.
+            AllocationHandle::Tcp { endpoint } => match (&entry.tcp_data, &entry.control) {
+                (Some(server), _) if server != endpoint => {
+                    refuse(format!("the TCP endpoint {endpoint}"))
+                }
+                (None, Some(control)) if control.tcp.ip() != endpoint.ip() => {
                     refuse(format!("the TCP address {endpoint}"))
                 }
                 _ => Ok(()),

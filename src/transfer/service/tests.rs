@@ -156,7 +156,13 @@ fn source(on_read: Option<Box<dyn FnOnce() + Send>>) -> SendSource {
 fn service() -> (Arc<TransferService>, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::new());
     let session = Session::local(LocalDevices::sequential(1, "cpu"), "auto").unwrap();
-    let service = TransferService::new(store.clone(), session, TransferConfig::default(), None);
+    let service = TransferService::new(
+        store.clone(),
+        session,
+        TransferConfig::default(),
+        None,
+        None,
+    );
     (service, store)
 }
 

@@ -225,3 +225,27 @@ fn another_process_writes_into_the_region() {
     region.read_at(0, &mut seen).unwrap();
     assert_eq!(seen, pattern(len, 42));
 }
+
+/// /dev/shm is writable by every user: an object under one of our names
+/// that another user owns is refused, never written into.
+#[test]
+fn an_object_of_another_user_is_refused() {
+    let region = SharedRegion::create(4096).unwrap();
+    let path = std::ffi::CString::new(format!("/dev/shm{}", region.name())).unwrap();
+    // SAFETY: a valid path; plain syscall.
+    if unsafe { libc::chown(path.as_ptr(), 65534, 65534) } != 0 {
+        println!(
+            "SKIPPED: chown needs root: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    for opened in [
+        SharedRegion::open(region.name(), 0, 4096),
+        SharedRegion::open_whole(region.name()),
+    ] {
+        let e = opened.unwrap_err();
+        assert_eq!(e.code, crate::status::Code::PermissionDenied, "{e}");
+        assert!(e.message.contains("belongs to uid 65534"), "{e}");
+    }
+}
