@@ -17,6 +17,7 @@ setup:
 
 build: setup
 	cargo build --release
+	scripts/split-debug.sh $(LIB)
 
 test: setup build
 	PYTHON=$(PYTHON) PJRT_CROSSHOST_LIB=$(LIB) scripts/test.sh
