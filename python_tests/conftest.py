@@ -129,9 +129,10 @@ def devices(client):
     return client.devices()
 
 
-def run_child_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_child_python(code: str, timeout: float = 120, **run) -> subprocess.CompletedProcess:
     """Runs ``code`` in a fresh interpreter with ``pc`` (pjrt_ctypes) imported
-    and ``api`` loaded and initialized. For checks that may crash the process."""
+    and ``api`` loaded and initialized. For checks that may crash the process.
+    ``run``: more arguments for subprocess.run (e.g. preexec_fn)."""
     prelude = (
         "import sys, json, ctypes\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
@@ -144,6 +145,7 @@ def run_child_python(code: str, timeout: float = 120) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         timeout=timeout,
+        **run,
     )
 
 

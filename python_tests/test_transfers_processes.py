@@ -317,6 +317,33 @@ def test_a_killed_receiver_fails_the_peer_store_send_at_once_naming_it(xh, job_f
     assert time.monotonic() - t0 < 5
 
 
+def test_sends_past_max_pending_send_bytes_fail_at_once_and_their_bytes_come_back(xh, job_factory):
+    # A receiver that never receives: each send holds its 1 MiB until the
+    # bound, then the next fails at once (issue 18: a sender whose receiver
+    # stopped grew to 21.9 GiB of waiting sends).
+    mib = 1 << 20
+    options = {"send_timeout_ms": 60_000, "max_pending_send_bytes": 3 * mib}
+    job = job_factory("idle", options=options, store="peer")
+    c = job.client
+    s = th.spec(BT.U8, mib)
+    src = th.upload(c, c.addressable_devices()[0], s, th.make_data(s, 5))
+    dst = th.device_ids(c, 1)[0]
+    held = [xh.send(c, [src], [dst], [k])[0] for k in range(3)]
+    m = th.metrics(c)
+    assert m["pending_send_bytes"] == 3 * mib and m["max_pending_send_bytes"] == 3 * mib, m
+    t0 = time.monotonic()
+    (over,) = xh.send(c, [src], [dst], [99])
+    st = th.wait_event(over, timeout=5)
+    th.expect_code(st, EC.RESOURCE_EXHAUSTED, "the send past the bound")
+    assert f"max_pending_send_bytes = {3 * mib}" in str(st) and f"{mib}-byte send" in str(st), st
+    assert time.monotonic() - t0 < 2, "the send past the bound waited"
+    assert not any(ev.is_ready() for ev in held), "a send within the bound ended early"
+    job.kill()
+    for i, ev in enumerate(held):
+        th.expect_code(th.wait_event(ev, timeout=10), EC.UNAVAILABLE, f"held send {i}")
+    assert th.poll_until(lambda: th.metrics(c)["pending_send_bytes"] == 0), th.metrics(c)
+
+
 def test_creation_without_the_peer_fails_within_session_timeout(api, server):
     kv = KvClient(server.address)
     cb = th.PjrtKvCallbacks(kv)

@@ -13,7 +13,7 @@ fn a_client_bounds_its_received_buffers_by_default_to_half_the_machine() {
     let client = Client::create(common::options(&[])).unwrap();
     assert_eq!(
         client.transfers().max_receive_bytes(),
-        pjrt_crosshost::transfer::receive_budget::default_max_receive_bytes()
+        pjrt_crosshost::transfer::memory_budget::default_max_receive_bytes()
     );
     let bounded = Client::create(common::options(&[(
         "max_receive_bytes",

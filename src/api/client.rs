@@ -17,7 +17,7 @@ use crate::kv::KeyValueStore;
 use crate::status::{invalid_argument, Result};
 use crate::sync::{Future, Metrics};
 use crate::transfer::keys::{self, KeyReader};
-use crate::transfer::receive_budget::default_max_receive_bytes;
+use crate::transfer::memory_budget::{default_max_pending_send_bytes, default_max_receive_bytes};
 use crate::transfer::service::{TransferConfig, TransferService};
 use crate::transfer::session::{LocalDevices, Reachable, Session};
 use crate::transport::advertise::{self, AddressHints};
@@ -672,6 +672,9 @@ impl Client {
                 max_receive_bytes: options
                     .max_receive_bytes
                     .unwrap_or_else(default_max_receive_bytes),
+                max_pending_send_bytes: options
+                    .max_pending_send_bytes
+                    .unwrap_or_else(default_max_pending_send_bytes),
                 completion_keys_local: peer_store.is_some(),
                 metrics: Some(metrics),
                 ..TransferConfig::default()

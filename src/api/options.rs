@@ -112,8 +112,11 @@ pub struct ClientOptions {
     /// TLS, RBAC credentials and key prefix for etcd (`etcd_*`).
     pub etcd_access: EtcdAccess,
     /// Bound on the bytes received host buffers hold at once (None: half
-    /// the machine's memory).
+    /// the memory this process may use, its cgroup's limit included).
     pub max_receive_bytes: Option<u64>,
+    /// Bound on the bytes of sends not yet delivered (None: a quarter of
+    /// the memory this process may use).
+    pub max_pending_send_bytes: Option<u64>,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
     /// `compute_plugin`: the PJRT plugin that compiles and runs programs
@@ -149,6 +152,7 @@ impl Default for ClientOptions {
             etcd_lease_ttl: Duration::from_secs(10),
             etcd_access: EtcdAccess::default(),
             max_receive_bytes: None,
+            max_pending_send_bytes: None,
             shm_pool_bytes: 1 << 30,
             compute: ComputeChoice::default(),
             compute_options: Vec::new(),
@@ -159,7 +163,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, max_pending_send_bytes, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -318,6 +322,10 @@ impl ClientOptions {
                 }
                 "max_receive_bytes" => {
                     parsed.max_receive_bytes = Some(expect_range(name, value, 1, 1 << 50)? as u64)
+                }
+                "max_pending_send_bytes" => {
+                    parsed.max_pending_send_bytes =
+                        Some(expect_range(name, value, 1, 1 << 50)? as u64)
                 }
                 "shm_pool_bytes" => {
                     parsed.shm_pool_bytes = expect_range(name, value, 0, 1 << 40)? as usize

@@ -163,15 +163,17 @@ impl Metrics {
     }
 
     pub fn to_json(&self) -> String {
-        self.snapshot().to_json(&[])
+        self.snapshot().to_json(&[], &[])
     }
 }
 
 impl MetricsSnapshot {
     /// A JSON object: the counters as integers, keys in a fixed order, then
     /// `transports`, an object per transport with its four counters and the
-    /// `(name, text)` labels given for it (e.g. UCX's lanes).
-    pub fn to_json(&self, labels: &[(ByteRoute, &str, String)]) -> String {
+    /// `(name, text)` labels given for it (e.g. UCX's lanes). `gauges` are
+    /// levels read now (bytes held against a bound, the bound), after the
+    /// counters.
+    pub fn to_json(&self, labels: &[(ByteRoute, &str, String)], gauges: &[(&str, u64)]) -> String {
         let fields = [
             ("keys_created", self.keys_created),
             ("keys_deleted", self.keys_deleted),
@@ -187,6 +189,7 @@ impl MetricsSnapshot {
         ];
         let mut body: Vec<String> = fields
             .iter()
+            .chain(gauges)
             .map(|(name, value)| format!("\"{name}\":{value}"))
             .collect();
         let routes: Vec<String> = ByteRoute::ALL
@@ -260,7 +263,10 @@ mod tests {
         assert_eq!(s.routes[2].bytes_sent, 4106);
         assert_eq!(s.routes[2].transfers_sent, 2);
         assert_eq!(s.routes[0].transfers_received, 1);
-        let json = s.to_json(&[(ByteRoute::Ucx, "lanes", "tcp/\"eth0\"".into())]);
+        let json = s.to_json(
+            &[(ByteRoute::Ucx, "lanes", "tcp/\"eth0\"".into())],
+            &[("pending_send_bytes", 7)],
+        );
         assert!(
             json.contains(
                 "\"ucx\":{\"bytes_sent\":4106,\"transfers_sent\":2,\"bytes_received\":0,\"transfers_received\":0,\"lanes\":\"tcp/\\\"eth0\\\"\"}"
@@ -269,6 +275,10 @@ mod tests {
         );
         assert!(
             json.contains("\"shm\":{\"bytes_sent\":0,\"transfers_sent\":0,\"bytes_received\":7,")
+        );
+        assert!(
+            json.contains(",\"pending_send_bytes\":7,\"transports\""),
+            "{json}"
         );
         assert!(json.ends_with("}}}"), "{json}");
     }

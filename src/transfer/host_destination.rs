@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::cuda_path::CudaDestination;
 use super::descriptor::AllocationHandle;
-use super::receive_budget::BudgetLease;
+use super::memory_budget::BudgetLease;
 use crate::backend::shared::SharedHostMemory;
 use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};

@@ -15,7 +15,8 @@ Environment (all optional, read when JAX initializes its backends):
     transport (auto, tcp, ucx), advertise_address, tcp_bind, ucx_library,
     job_secret_file,
     receive_timeout_ms, send_timeout_ms, session_timeout_ms,
-    kv_call_timeout_ms, etcd_lease_ttl_s, max_receive_bytes, shm_pool_bytes.
+    kv_call_timeout_ms, etcd_lease_ttl_s, max_receive_bytes,
+    max_pending_send_bytes, shm_pool_bytes.
     In a ``jax.distributed`` job the package adds ``coordinator_address``
     (JAX's coordinator): each process advertises the local address of its
     route to it, so processes on other hosts reach each other with no

@@ -20,7 +20,7 @@ use std::time::Duration;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
-use super::receive_budget::ReceiveBudget;
+use super::memory_budget::{Bound, BudgetLease, MemoryBudget};
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
 use super::route::TransportChoice;
 use super::session::Session;
@@ -52,6 +52,8 @@ pub struct TransferConfig {
     pub shm_pool_bytes: usize,
     /// Bound on the bytes this client's received host buffers hold at once.
     pub max_receive_bytes: u64,
+    /// Bound on the bytes of this client's sends not yet delivered.
+    pub max_pending_send_bytes: u64,
     /// Each completion key lives in the process that reads it (the peer
     /// store): a UCX sender may then send the receipt with the bytes, for
     /// the receiver to apply once they are in.
@@ -90,7 +92,8 @@ impl Default for TransferConfig {
             },
             worker_threads: 4,
             shm_pool_bytes: 4 * SHM_SEGMENT_BYTES,
-            max_receive_bytes: super::receive_budget::default_max_receive_bytes(),
+            max_receive_bytes: super::memory_budget::default_max_receive_bytes(),
+            max_pending_send_bytes: super::memory_budget::default_max_pending_send_bytes(),
             completion_keys_local: false,
             metrics: None,
         }
@@ -224,7 +227,8 @@ pub struct TransferService {
     ucx: Option<UcxTransport>,
     incarnations: Mutex<HashMap<i32, i64>>,
     pool: ShmPool,
-    receive_budget: Arc<ReceiveBudget>,
+    receive_budget: Arc<MemoryBudget>,
+    pending_send_budget: Arc<MemoryBudget>,
 }
 
 impl TransferService {
@@ -277,7 +281,11 @@ impl TransferService {
                 max_segments: config.shm_pool_bytes / SHM_SEGMENT_BYTES,
             })
             .expect("segment length is a positive multiple of the page size"),
-            receive_budget: ReceiveBudget::new(config.max_receive_bytes),
+            receive_budget: MemoryBudget::new(Bound::Receive, config.max_receive_bytes),
+            pending_send_budget: MemoryBudget::new(
+                Bound::PendingSend,
+                config.max_pending_send_bytes,
+            ),
             config,
         })
     }
@@ -289,6 +297,17 @@ impl TransferService {
     /// The bound on the bytes received host buffers hold at once.
     pub fn max_receive_bytes(&self) -> u64 {
         self.receive_budget.limit()
+    }
+
+    /// The bound on the bytes of sends not yet delivered.
+    pub fn max_pending_send_bytes(&self) -> u64 {
+        self.pending_send_budget.limit()
+    }
+
+    /// Reserves a send's bytes until its future is ready, or fails it at
+    /// once (RESOURCE_EXHAUSTED naming `max_pending_send_bytes`).
+    fn reserve_send(&self, bytes: usize, what: &str) -> Result<BudgetLease> {
+        self.pending_send_budget.reserve(bytes as u64, what)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -336,7 +355,13 @@ impl TransferService {
             labels.push((ByteRoute::Ucx, "lanes", text.join(";")));
             labels.push((ByteRoute::Ucx, "version", ucx.version().to_string()));
         }
-        self.metrics.snapshot().to_json(&labels)
+        let gauges = [
+            ("received_bytes_held", self.receive_budget.live()),
+            ("max_receive_bytes", self.receive_budget.limit()),
+            ("pending_send_bytes", self.pending_send_budget.live()),
+            ("max_pending_send_bytes", self.pending_send_budget.limit()),
+        ];
+        self.metrics.snapshot().to_json(&labels, &gauges)
     }
 
     fn remote_process(

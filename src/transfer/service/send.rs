@@ -36,7 +36,9 @@ impl TransferService {
     ) -> Result<Future> {
         let descriptor = Descriptor::decode(descriptor)
             .map_err(|e| status::invalid_argument(format!("{function}: {}", e.message)))?;
+        let lease = self.reserve_send(source.spec.byte_size, function)?;
         let (promise, future) = PromiseOnce::new();
+        future.on_ready(move |_| drop(lease));
         self.start_send(source, descriptor, promise, function);
         Ok(future)
     }
@@ -547,11 +549,22 @@ impl TransferService {
                 }
             }
         }
+        // Each send holds its bytes until delivered: past the bound a send
+        // fails at once rather than queueing behind a receiver that stopped.
         let mut futures = Vec::with_capacity(plan.len());
-        for (source, (desc_key, peer)) in sources.into_iter().zip(plan) {
-            match gone.get(&peer) {
-                Some(e) => futures.push(Future::ready(Err(e.clone()))),
-                None => futures.push(self.send_when_described(source, desc_key, peer)),
+        for ((source, (desc_key, peer)), dst) in sources.into_iter().zip(plan).zip(destinations) {
+            if let Some(e) = gone.get(&peer) {
+                futures.push(Future::ready(Err(e.clone())));
+                continue;
+            }
+            let what = format!("{F}: the send to device {dst} (process {peer})");
+            match self.reserve_send(source.spec.byte_size, &what) {
+                Ok(lease) => {
+                    let future = self.send_when_described(source, desc_key, peer);
+                    future.on_ready(move |_| drop(lease));
+                    futures.push(future);
+                }
+                Err(e) => futures.push(Future::ready(Err(e))),
             }
         }
         Ok(futures)
