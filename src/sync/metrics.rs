@@ -65,6 +65,7 @@ pub struct Metrics {
     forged_values_rejected: AtomicU64,
     cancellations: AtomicU64,
     timeouts: AtomicU64,
+    sends_failed: AtomicU64,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
     routes: [RouteCounters; 4],
@@ -83,6 +84,8 @@ pub struct MetricsSnapshot {
     pub forged_values_rejected: u64,
     pub cancellations: u64,
     pub timeouts: u64,
+    /// Sends that ended with an error (the receiver's or this side's).
+    pub sends_failed: u64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
     /// Per transport, in `ByteRoute::ALL` order.
@@ -113,6 +116,7 @@ impl Metrics {
         add_forged_values_rejected => forged_values_rejected,
         add_cancellations => cancellations,
         add_timeouts => timeouts,
+        add_sends_failed => sends_failed,
         add_bytes_received => bytes_received,
         add_bytes_sent => bytes_sent,
     }
@@ -151,6 +155,7 @@ impl Metrics {
             forged_values_rejected: get(&self.forged_values_rejected),
             cancellations: get(&self.cancellations),
             timeouts: get(&self.timeouts),
+            sends_failed: get(&self.sends_failed),
             bytes_received: get(&self.bytes_received),
             bytes_sent: get(&self.bytes_sent),
             routes: [
@@ -184,6 +189,7 @@ impl MetricsSnapshot {
             ("forged_values_rejected", self.forged_values_rejected),
             ("cancellations", self.cancellations),
             ("timeouts", self.timeouts),
+            ("sends_failed", self.sends_failed),
             ("bytes_received", self.bytes_received),
             ("bytes_sent", self.bytes_sent),
         ];

@@ -39,8 +39,20 @@ impl TransferService {
         let lease = self.reserve_send(source.spec.byte_size, function)?;
         let (promise, future) = PromiseOnce::new();
         future.on_ready(move |_| drop(lease));
+        self.count_failure(&future);
         self.start_send(source, descriptor, promise, function);
         Ok(future)
+    }
+
+    /// A send that ends with an error counts in `sends_failed`: under JAX,
+    /// which drops a send's future, the metric is how a program sees them.
+    fn count_failure(&self, future: &Future) {
+        let metrics = self.metrics.clone();
+        future.on_ready(move |outcome| {
+            if outcome.is_err() {
+                metrics.add_sends_failed(1);
+            }
+        });
     }
 
     fn start_send(
@@ -566,6 +578,9 @@ impl TransferService {
                 }
                 Err(e) => futures.push(Future::ready(Err(e))),
             }
+        }
+        for future in &futures {
+            self.count_failure(future);
         }
         Ok(futures)
     }
