@@ -41,7 +41,7 @@ python312="$(cat .cache/python312 2>/dev/null || true)"
 if [ -n "$python312" ] && [ -x "$python312" ]; then
   step "JAX tests with $("$python312" -c 'import jax; print("JAX", jax.__version__)')"
   "$python312" -m pytest -q python_tests/test_jax_single_process.py python_tests/test_jax_two_process.py \
-    python_tests/test_jax_failed_receive.py
+    python_tests/test_jax_failed_receive.py python_tests/test_jax_multiprocess.py
 else
   echo "SKIPPED: JAX 0.12 tests: no Python 3.12 (scripts/setup.sh looks for pyenv's 3.12.1 or \$PYTHON312)"
 fi

@@ -217,6 +217,18 @@ pub fn map_compile_options(bytes: &[u8], map: &dyn Fn(i64) -> Result<i64>) -> Re
     })
 }
 
+/// The device ids of the device assignment in a serialized
+/// `CompileOptionsProto`, in the order they appear (none when the options
+/// carry no assignment).
+pub fn assigned_devices(bytes: &[u8]) -> Result<Vec<i64>> {
+    let seen = std::cell::RefCell::new(Vec::new());
+    map_compile_options(bytes, &|id| {
+        seen.borrow_mut().push(id);
+        Ok(id)
+    })?;
+    Ok(seen.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +264,16 @@ mod tests {
         assert_eq!(inner, compile_options(&[0, 1]));
         let back = map_compile_options(&inner, &|id| map.to_ours(id)).unwrap();
         assert_eq!(back, ours);
+    }
+
+    #[test]
+    fn the_assigned_devices_are_read_from_compile_options() {
+        assert_eq!(
+            assigned_devices(&compile_options(&[0, 1, 2048, 2049])).unwrap(),
+            vec![0, 1, 2048, 2049]
+        );
+        assert_eq!(assigned_devices(&[]).unwrap(), Vec::<i64>::new());
+        assert!(assigned_devices(&[0x1a, 0x05, 0x01]).is_err());
     }
 
     #[test]

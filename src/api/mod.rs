@@ -5,4 +5,5 @@ pub mod device;
 pub mod device_ids;
 pub mod element_type;
 pub mod options;
+pub mod programs;
 pub mod transfers;

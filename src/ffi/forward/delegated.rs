@@ -17,7 +17,7 @@ use std::ptr::addr_of_mut;
 use std::sync::Arc;
 
 use super::{delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
-use crate::api::device_ids::{map_compile_options, DeviceIdMap};
+use crate::api::device_ids::{assigned_devices, map_compile_options, DeviceIdMap};
 use crate::api::element_type::ElementType;
 use crate::backend::compute_plugin::ComputeClient;
 use crate::ffi::args::{array, device_arg, null_field};
@@ -103,7 +103,9 @@ fn id_map(handle: &ClientHandle) -> Option<DeviceIdMap> {
 }
 
 /// Compile options with our device ids turned into the compute plugin's,
-/// if they differ; `Ok(None)`: pass the caller's bytes as they are.
+/// if they differ; `Ok(None)`: pass the caller's bytes as they are. A
+/// program on other processes' devices is refused here, with the one error
+/// that says why (`api/programs.rs`), before the compute plugin sees it.
 ///
 /// # Safety
 /// `options` must point to `size` readable bytes (or be null with size 0).
@@ -113,14 +115,17 @@ unsafe fn compile_options_for_inner(
     size: usize,
     name: &str,
 ) -> Result<Option<Vec<u8>>> {
-    let Some(map) = id_map(handle) else {
-        return Ok(None);
-    };
     // SAFETY: forwarded contract.
     let bytes = unsafe { array(options as *const u8, size, name, "compile_options") }?;
     if bytes.is_empty() {
         return Ok(None);
     }
+    let assigned =
+        assigned_devices(bytes).map_err(|e| invalid_argument(format!("{name}: {}", e.message)))?;
+    handle.client.check_program_runs_here(&assigned, name)?;
+    let Some(map) = id_map(handle) else {
+        return Ok(None);
+    };
     map_compile_options(bytes, &|id| map.to_inner(id))
         .map(Some)
         .map_err(|e| invalid_argument(format!("{name}: {}", e.message)))
