@@ -368,6 +368,37 @@ def test_v2_receives_past_max_receive_bytes_fail_at_once_naming_size_and_bound(a
         c0.destroy()
 
 
+def test_a_refused_receive_fails_its_senders_at_once_with_the_receivers_reason(api, xh):
+    # The receiver's max_receive_bytes refuses a batch: its senders learn
+    # why at the keys they wait on, instead of waiting send_timeout_ms
+    # (issue 18), and nothing of the batch is offered to them.
+    bound = 1 << 20
+    c0, c1 = th.make_pair(api, max_receive_bytes=bound, send_timeout_ms=60_000)
+    try:
+        s_dev, r_dev, _ = devs(c0, c1)
+        specs = [spec(BT.U8, 4096), spec(BT.U8, 2 << 20)]
+        srcs = [th.upload(c0, s_dev, sp, th.make_data(sp, i)) for i, sp in enumerate(specs)]
+        with pytest.raises(pc.PjrtError) as e:
+            xh.receive(c1, r_dev, specs, [s_dev.id()] * 2, [7, 8])
+        assert e.value.code == EC.RESOURCE_EXHAUSTED, e.value
+        t0 = time.monotonic()
+        evs = xh.send(c0, srcs, [r_dev.id()] * 2, [7, 8])
+        for i, ev in enumerate(evs):
+            st = th.wait_event(ev, timeout=10)
+            th.expect_code(st, EC.RESOURCE_EXHAUSTED, f"send {i}")
+            assert "process 1 refused the receive" in str(st), st
+            assert f"max_receive_bytes = {bound}" in str(st), st
+        assert time.monotonic() - t0 < 5, "the senders waited for their timeout"
+        assert th.metrics(c0)["sends_failed"] == 2
+        # The refusals were read and deleted; the pair goes on.
+        bufs, evs, datas = transfer(xh, c0, c1, [specs[0]], [9])
+        check_all_arrived(bufs, evs, [specs[0]], datas)
+        th.wait_keys_retired(c0, c1)
+    finally:
+        c1.destroy()
+        c0.destroy()
+
+
 def test_v2_send_without_receiver_times_out(api, xh):
     c0, c1 = th.make_pair(api, send_timeout_ms=300)
     try:

@@ -12,6 +12,8 @@ use crate::transfer::cuda_path;
 use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::host_destination::{Destination, HostDestination, HostRoute};
 use crate::transfer::keys::{descriptor_key, pair_epoch, CompletionKey};
+use crate::transfer::memory_budget::BudgetLease;
+use crate::transfer::receipt::Receipt;
 use crate::transfer::recv_state::{PendingReceive, RecordEvent};
 use crate::transfer::route::Route;
 use crate::transport::auth_token::AuthToken;
@@ -34,10 +36,14 @@ impl TransferService {
         for (index, request) in requests.into_iter().enumerate() {
             let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
             let route = Route::unknown_peer(self.config.transport);
-            let destination = self.open_destination(request, key, None, None, route, placement);
+            let destination = self.open_destination(request, key, None, route, placement, None);
             opened.push(destination);
         }
-        self.all_or_none(opened)
+        Ok(self
+            .all_or_none(opened)?
+            .into_iter()
+            .map(|(destination, _)| destination)
+            .collect())
     }
 
     /// v2: one destination per buffer, its descriptor published under the
@@ -80,18 +86,107 @@ impl TransferService {
             );
             plan.push((key, desc_key, peer.process_index, route));
         }
+        let desc_keys: Vec<String> = plan.iter().map(|(_, d, _, _)| d.clone()).collect();
+        // The whole batch's memory first: a batch past max_receive_bytes is
+        // refused before any destination exists, so its senders can be told.
+        let mut reservations = Vec::with_capacity(requests.len());
+        for (request, (key, ..)) in requests.iter().zip(&plan) {
+            if !placement.is_host() {
+                reservations.push(None);
+                continue;
+            }
+            let what = format!("receive {key}");
+            match self
+                .receive_budget
+                .reserve(request.spec.byte_size as u64, &what)
+            {
+                Ok(reservation) => reservations.push(Some(reservation)),
+                Err(refused) => {
+                    self.refuse_senders(&desc_keys, &refused);
+                    return Err(refused);
+                }
+            }
+        }
         let mut opened = Vec::with_capacity(plan.len());
-        for (request, (key, desc_key, peer_process, route)) in requests.into_iter().zip(plan) {
+        let batch = requests.into_iter().zip(plan).zip(reservations);
+        for ((request, (key, desc_key, peer_process, route)), reservation) in batch {
             opened.push(self.open_destination(
                 request,
                 key,
-                Some(desc_key),
-                Some(peer_process),
+                Some((desc_key, peer_process)),
                 route,
                 placement,
+                reservation,
             ));
         }
-        self.all_or_none(opened)
+        // Every destination open, or none: only then does a sender learn of
+        // any. A refused receive tells its senders why at the keys they
+        // wait on, instead of leaving them to their send timeout (a key
+        // whose receive opened and was cancelled may lose its refusal to
+        // that receive's retirement: that sender waits for its timeout).
+        let opened = match self.all_or_none(opened) {
+            Ok(opened) => opened,
+            Err(failure) => {
+                self.refuse_senders(&desc_keys, &failure);
+                return Err(failure);
+            }
+        };
+        let mut destinations = Vec::with_capacity(opened.len());
+        for ((destination, receive), desc_key) in opened.into_iter().zip(&desc_keys) {
+            self.publish_descriptor(desc_key, &destination.descriptor, receive);
+            destinations.push(destination);
+        }
+        kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
+        Ok(destinations)
+    }
+
+    /// Publishes one destination's descriptor, without waiting: a store
+    /// that fails to take it fails this buffer (and retires its keys).
+    fn publish_descriptor(&self, desc_key: &str, descriptor: &[u8], receive: PendingReceive) {
+        let mark_key = crate::sync::timeline::key_hash_if_enabled(receive.key().as_str());
+        self.store.set_async(
+            desc_key,
+            descriptor,
+            Box::new(move |published| {
+                if let Err(e) = published {
+                    let _ = receive.cancel(Status::new(
+                        e.code,
+                        format!("publishing the descriptor failed: {}", e.message),
+                    ));
+                }
+            }),
+        );
+        crate::sync::timeline::mark_hash(
+            crate::sync::timeline::Point::DescriptorPublished,
+            mark_key,
+        );
+    }
+
+    /// A refusal (`Receipt::Error`, nonce 0) at each descriptor key of a
+    /// receive that could not be set up: its senders fail with this
+    /// process's reason at once. The sender that reads one deletes it.
+    fn refuse_senders(&self, desc_keys: &[String], failure: &Status) {
+        let me = self.session.process_index;
+        let refusal = Receipt::Error {
+            nonce: 0,
+            status: Status::new(
+                failure.code,
+                format!("process {me} refused the receive: {}", failure.message),
+            ),
+        }
+        .encode();
+        for key in desc_keys {
+            let key_name = key.clone();
+            self.store.set_async(
+                key,
+                &refusal,
+                Box::new(move |stored| {
+                    if let Err(e) = stored {
+                        log::warn!("telling the sender at {key_name} of a refused receive: {e}");
+                    }
+                }),
+            );
+        }
     }
 
     /// All destinations, or the first error after cancelling the ones that
@@ -99,13 +194,9 @@ impl TransferService {
     fn all_or_none(
         &self,
         opened: Vec<Result<(ReceiveDestination, PendingReceive)>>,
-    ) -> Result<Vec<ReceiveDestination>> {
+    ) -> Result<Vec<(ReceiveDestination, PendingReceive)>> {
         let Some(failure) = opened.iter().find_map(|o| o.as_ref().err()).cloned() else {
-            return Ok(opened
-                .into_iter()
-                .filter_map(|o| o.ok())
-                .map(|(d, _)| d)
-                .collect());
+            return Ok(opened.into_iter().filter_map(|o| o.ok()).collect());
         };
         for (_, receive) in opened.into_iter().flatten() {
             let _ = receive.cancel(Status::new(
@@ -123,10 +214,11 @@ impl TransferService {
         self: &Arc<Self>,
         request: ReceiveRequest,
         key: CompletionKey,
-        descriptor_key: Option<String>,
-        peer_process: Option<i32>,
+        // v2: the descriptor key and the sending process.
+        sender: Option<(String, i32)>,
         route: Route,
         placement: &DevicePlacement,
+        reservation: Option<BudgetLease>,
     ) -> Result<(ReceiveDestination, PendingReceive)> {
         const F: &str = "receive";
         let ReceiveRequest { spec, record } = request;
@@ -138,9 +230,12 @@ impl TransferService {
         let nonce = random_u64()?;
         let destination = if placement.is_host() {
             // Reserved before anything is allocated (or faulted in).
-            let reservation = self
-                .receive_budget
-                .reserve(spec.byte_size as u64, &format!("receive {key}"))?;
+            let reservation = match reservation {
+                Some(reservation) => reservation,
+                None => self
+                    .receive_budget
+                    .reserve(spec.byte_size as u64, &format!("receive {key}"))?,
+            };
             let host_route = match route {
                 Route::SharedMemory => HostRoute::SharedMemory,
                 Route::Tcp => {
@@ -208,7 +303,10 @@ impl TransferService {
         .encode()?;
         let key_name = key.as_str().to_string();
         let mark_key = crate::sync::timeline::key_hash_if_enabled(&key_name);
-        let extra_keys: Vec<String> = descriptor_key.iter().cloned().collect();
+        let (extra_keys, peer_process) = match sender {
+            Some((descriptor_key, peer)) => (vec![descriptor_key], Some(peer)),
+            None => (Vec::new(), None),
+        };
         let memory = destination.memory();
         let record: Option<RecordEvent> = record.map(|record| {
             let memory = memory.clone();
@@ -242,28 +340,6 @@ impl TransferService {
             }
             destination.retire(outcome);
         });
-        // Published last, and without waiting: a store that fails to take
-        // it fails this buffer (and retires its keys).
-        if let Some(desc_key) = &descriptor_key {
-            let failing = receive.clone();
-            self.store.set_async(
-                desc_key,
-                &descriptor,
-                Box::new(move |published| {
-                    if let Err(e) = published {
-                        let _ = failing.cancel(Status::new(
-                            e.code,
-                            format!("publishing the descriptor failed: {}", e.message),
-                        ));
-                    }
-                }),
-            );
-            crate::sync::timeline::mark_hash(
-                crate::sync::timeline::Point::DescriptorPublished,
-                mark_key,
-            );
-            kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
-        }
         Ok((
             ReceiveDestination {
                 memory,

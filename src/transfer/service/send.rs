@@ -10,7 +10,7 @@ use super::{CopyError, SendSource, TransferService, INLINE_COPY_BYTES};
 use crate::status::{self, Code, Outcome, Result, Status};
 use crate::sync::{kill_points, ByteRoute, Future, PromiseOnce};
 use crate::transfer::cuda_path;
-use crate::transfer::descriptor::{AllocationHandle, Descriptor};
+use crate::transfer::descriptor::{AllocationHandle, Descriptor, DESCRIPTOR_MAGIC};
 use crate::transfer::host_destination::local_region;
 use crate::transfer::keys::{descriptor_key, pair_epoch};
 use crate::transfer::receipt::Receipt;
@@ -334,6 +334,35 @@ impl TransferService {
         );
     }
 
+    /// The receiver's refusal, when its descriptor key holds one
+    /// (`receive.rs::refuse_senders`): the send fails with the receiver's
+    /// reason and code, and the key, read, is deleted.
+    fn refused(&self, value: &[u8], desc_key: &str, peer: i32) -> Result<()> {
+        const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        if value.starts_with(&DESCRIPTOR_MAGIC) {
+            return Ok(());
+        }
+        let Ok(Receipt::Error { status, .. }) = Receipt::decode(value) else {
+            return Ok(());
+        };
+        let key = desc_key.to_string();
+        self.store.delete_async(
+            desc_key,
+            Box::new(move |deleted| {
+                if let Err(e) = deleted {
+                    log::debug!("deleting the refusal at {key}: {e}");
+                }
+            }),
+        );
+        Err(Status::new(
+            status.code,
+            format!(
+                "{F}: the receiving process {peer} did not take this transfer ({desc_key}): {}",
+                status.message
+            ),
+        ))
+    }
+
     /// A UCX descriptor must name the process that wrote it: the session's
     /// process `process` must be the descriptor's host and pid.
     fn check_ucx_destination(
@@ -606,6 +635,7 @@ impl TransferService {
                 };
                 let started = value
                     .and_then(|bytes| {
+                        service.refused(&bytes, &desc_key, peer)?;
                         Descriptor::decode(&bytes).map_err(|e| {
                             status::invalid_argument(format!(
                                 "{F}: descriptor at {desc_key}: {}",
