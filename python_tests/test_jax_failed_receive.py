@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-from jax_harness import HERE, skip_unless_jax
+import json
+import subprocess
+
+from jax_harness import HERE, child_env, free_port, kill_group, skip_unless_jax, start
 from test_jax_two_process import run_job
 
 pytestmark = skip_unless_jax()
@@ -45,7 +48,57 @@ def test_a_failed_receive_raises_its_own_status_everywhere_and_the_job_goes_on(t
             assert got["raised"], f"{case}: {use} did not raise: {got}"
             assert code in got["message"], f"{case}: {use}: {got['message']}"
     assert "expects 20 bytes" in failures["mismatch"]["asarray"]["message"], failures["mismatch"]
+    # A receive nobody sends names the likely cause: an uncommitted array.
+    assert "sends only committed arrays" in failures["timeout"]["block_until_ready"]["message"], (
+        failures["timeout"])
     checks = receiver["checks_after"]
     assert len(checks) == 100 and all(checks), checks
     if compute is not None:
         assert receiver["computed"] == pytest.approx(receiver["computed_expected"], rel=1e-6)
+
+
+DEAD_SENDER_WORKER = HERE / "jax_dead_sender_worker.py"
+
+
+@pytest.mark.parametrize("compute", [None, "fastatomstruct"])
+def test_a_receive_whose_sender_died_raises_unavailable_everywhere_and_the_job_goes_on(
+    tmp_path, compute
+):
+    # Three processes: 0 (JAX's coordinator) sends what comes after, 1
+    # receives, 2 sends itself SIGKILL before its send.
+    port = free_port()
+    env = child_env({"PJRT_CROSSHOST_CREATE_OPTIONS": OPTIONS}, compute=compute)
+    outs = [tmp_path / f"result{p}.json" for p in range(3)]
+    logs = [tmp_path / f"log{p}.txt" for p in range(3)]
+    procs = []
+    try:
+        for p in range(3):
+            with open(logs[p], "w") as log:
+                procs.append(start([str(DEAD_SENDER_WORKER), str(p), str(port), str(outs[p])],
+                                   env, log=log))
+        for p in (2, 1, 0):
+            try:
+                procs[p].wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"process {p} did not finish; logs:\n" + "\n".join(
+                    f"--- {q} ---\n{logs[q].read_text()[-3000:]}" for q in range(3)))
+    finally:
+        for proc in procs:
+            kill_group(proc)
+    texts = [log.read_text() for log in logs]
+    assert procs[2].returncode == -9, texts[2][-3000:]
+    results = []
+    for p in (0, 1):
+        assert procs[p].returncode == 0, f"process {p} exit {procs[p].returncode}:\n{texts[p][-4000:]}"
+        results.append(json.loads(outs[p].read_text()))
+        assert not results[p]["errors"], "\n".join(results[p]["errors"])
+    failures = results[1]["failures"]["dead_sender"]
+    uses = USES if compute is None else USES + ["jit"]
+    assert sorted(failures) == sorted(uses), failures
+    for use in uses:
+        got = failures[use]
+        assert got["raised"], f"{use} did not raise: {got}"
+        assert "UNAVAILABLE" in got["message"] and "process 2" in got["message"], (
+            f"{use}: {got['message']}")
+    checks = results[1]["checks_after"]
+    assert len(checks) == 100 and all(checks), checks

@@ -693,7 +693,10 @@ impl ReceiveTracker {
             self.publish(
                 rx,
                 Err(status::deadline_exceeded(format!(
-                    "receive {}: no receipt within {timeout:?}",
+                    "receive {}: no receipt within {timeout:?} (receive_timeout_ms): the sender \
+                     never sent, or its bytes never arrived. A JAX sender sends only committed \
+                     arrays: one made under jax.default_device(...) and not jax.device_put to a \
+                     device is never sent",
                     rx.key
                 ))),
             );
