@@ -33,6 +33,7 @@ pub mod shm_fault;
 pub mod shm_mappings;
 pub mod shm_owner;
 pub mod shm_pool;
+pub mod shm_populate;
 pub mod shm_reaper;
 #[cfg(test)]
 pub mod shm_test_object;

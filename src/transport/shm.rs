@@ -17,6 +17,7 @@ use super::destination::WritableDestination;
 use super::random::random_hex;
 use super::shm_fault::{Registration, Shrank};
 use super::shm_owner::ShmOwner;
+use super::shm_populate::PopulatedChunks;
 use crate::status::{self, Result, Status};
 
 pub const SHM_NAME_PREFIX: &str = "/crosshost-";
@@ -118,6 +119,8 @@ pub struct SharedRegion {
     unlinked: AtomicBool,
     /// The mapping's entry in the SIGBUS guard (`shm_fault.rs`).
     guard: Registration,
+    /// Which chunks this mapping has faulted in (`populate`).
+    populated: PopulatedChunks,
 }
 
 // SAFETY: the mapping is process-wide memory owned by this struct and only
@@ -152,6 +155,7 @@ impl SharedRegion {
             owns_name: true,
             unlinked: AtomicBool::new(false),
             guard: Registration::none(),
+            populated: PopulatedChunks::default(),
         };
         // From here on, dropping `region` unlinks the name on every error path.
         let sized = reserve(&descriptor, len, &region.name);
@@ -160,6 +164,11 @@ impl SharedRegion {
                 region.mapping = mapping;
                 region.mapping_len = len;
                 region.guard = Registration::new(mapping as usize, len);
+                region.populated = if options.prefault {
+                    PopulatedChunks::all(len)
+                } else {
+                    PopulatedChunks::new(len)
+                };
             })
         });
         mapped?;
@@ -179,20 +188,23 @@ impl SharedRegion {
         SharedRegion::open_with(name, offset, len, true)
     }
 
-    /// Maps a whole existing object (pre-faulted), for senders that keep
-    /// the mapping of a receiver's pooled segment across transfers.
+    /// Maps a whole existing object, for senders that keep the mapping of a
+    /// receiver's pooled segment across transfers. Not pre-faulted: a pooled
+    /// segment is 256 MiB of which a sender may write a few pages (faulting
+    /// it all in would also make the receiver's whole object resident); the
+    /// sender populates the range it writes (`populate`).
     pub fn open_whole(name: &str) -> Result<SharedRegion> {
         validate_shm_name(name)?;
         let c_name = CString::new(name).expect("validated names contain no NUL");
         // SAFETY: `c_name` is a valid NUL-terminated string for the call.
         let raw = unsafe { libc::shm_open(c_name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
         if raw < 0 {
-            return SharedRegion::open_with(name, 0, 0, true);
+            return SharedRegion::open_with(name, 0, 0, false);
         }
         let descriptor = OwnedFd(raw);
         let len = file_size(&descriptor, name)?;
         drop(descriptor);
-        SharedRegion::open_with(name, 0, len, true)
+        SharedRegion::open_with(name, 0, len, false)
     }
 
     /// `open`, choosing whether to pre-fault the mapping.
@@ -240,11 +252,17 @@ impl SharedRegion {
             owns_name: false,
             unlinked: AtomicBool::new(false),
             guard: Registration::none(),
+            populated: PopulatedChunks::default(),
         };
         if len > 0 {
             let mapping_len = start_in_mapping + len;
             region.mapping = map(&descriptor, aligned_offset, mapping_len, prefault, name)?;
             region.mapping_len = mapping_len;
+            region.populated = if prefault {
+                PopulatedChunks::all(len)
+            } else {
+                PopulatedChunks::new(len)
+            };
             region.guard = Registration::new(region.mapping as usize, mapping_len);
         }
         Ok(region)
@@ -304,6 +322,23 @@ impl SharedRegion {
     /// shrank under it.
     pub fn guarded<R>(&self, copy: impl FnOnce() -> R) -> std::result::Result<R, Shrank> {
         self.guard.guarded(copy)
+    }
+
+    /// Faults `[offset, offset + len)` in for writing (the parts this
+    /// mapping has not faulted in yet), so a copy into it runs at memory
+    /// speed instead of page by page, without faulting in the rest of a
+    /// large mapping nobody uses yet (`shm_populate.rs`). Run it where a
+    /// fault is survivable (`guarded`) if another process could truncate
+    /// the object.
+    pub fn populate(&self, offset: usize, len: usize) -> Result<()> {
+        self.check_range(offset, len, "populate")?;
+        // SAFETY: the range was checked to lie inside our writable mapping;
+        // its bytes are the caller's to write (a fresh destination, or one
+        // whose claim it holds), and populating changes none of them.
+        unsafe {
+            self.populated
+                .populate(self.as_ptr(), self.len, offset, len)
+        }
     }
 
     /// Copies `bytes` into the region at `offset` (bounds checked).

@@ -188,7 +188,8 @@ impl ShmPool {
         };
         state.stats.leased_bytes += carved_len;
         let region = state.segments[segment_index].region.clone();
-        Ok(ShmLease {
+        drop(state);
+        let lease = ShmLease {
             region,
             offset: start,
             len,
@@ -198,7 +199,17 @@ impl ShmPool {
                 carved_len,
             },
             quarantined: AtomicBool::new(false),
-        })
+        };
+        // Faulted in as it is first carved, not at the segment's creation:
+        // a receiver of a few KiB neither waits for nor holds 256 MiB. An
+        // error gives the range back (the lease drops).
+        let region = &lease.region;
+        region
+            .guarded(|| region.populate(start, carved_len))
+            .map_err(|shrank| {
+                shrank.status(&format!("shared-memory segment {}", region.name()))
+            })??;
+        Ok(lease)
     }
 
     pub fn stats(&self) -> ShmPoolStats {
@@ -236,7 +247,8 @@ impl PoolInner {
     fn new_segment(&self) -> Result<Segment> {
         let len = self.config.segment_len;
         let table = claim_table_len(len);
-        let region = SharedRegion::create_with(table + len, CreateOptions { prefault: true })?;
+        let region = SharedRegion::create_with(table + len, CreateOptions { prefault: false })?;
+        region.populate(0, table)?;
         log::debug!(
             "shared-memory pool grew by segment {} ({len} bytes)",
             region.name()

@@ -23,6 +23,10 @@ use crate::transport::shm_owner::OwnerWatch;
 use crate::transport::tcp::tcp_send;
 use crate::transport::ucx::Payload;
 
+/// From this size a copy into shared memory populates its range first: one
+/// madvise costs less than the page faults it saves.
+const POPULATE_BEFORE_COPY_BYTES: u64 = 256 << 10;
+
 impl TransferService {
     /// Sends one buffer to the destination a descriptor names. Errors before
     /// any byte moved (undecodable descriptor) come back at once; everything
@@ -451,6 +455,11 @@ impl TransferService {
         // Straight into the mapping: a host source is one memcpy, a compute
         // plugin's buffer is read back into it directly.
         let offset = descriptor.offset as usize;
+        // The sender maps a receiver's segment lazily: a large destination
+        // is faulted in at once, not page by page during the copy.
+        if len >= POPULATE_BEFORE_COPY_BYTES {
+            region.populate(offset, len as usize)?;
+        }
         if kill_points::armed(kill_points::SENDER_MID_COPY) && len > 1 {
             // Half the bytes in, then the test kills this process.
             let half = len as usize / 2;
