@@ -13,6 +13,9 @@ device_put to its other device -- recording what each raised, or that it did not
 
 ``mismatch``: process 0 sends 4 float32 into a receive for 5: the sender's
   check of the destination fails both sides with INVALID_ARGUMENT.
+``refused``: 2 MiB into a receiver whose max_receive_bytes is 1 MiB: JAX
+  raises RESOURCE_EXHAUSTED from the receiver's device_put, and the
+  sender's send fails at once (counted in its plugin's sends_failed).
 ``timeout``: process 1 receives a transfer process 0 never sends: it ends
   with DEADLINE_EXCEEDED. JAX numbers transfers per process, so process 0
   then sends one array nobody receives (its send fails on its own, later)
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -97,6 +101,34 @@ def main() -> int:
                 (5,), SingleDeviceSharding(src), [], dtype=np.float32)
             use_failed("mismatch", jax.device_put(x, SingleDeviceSharding(dst)))
         kv.wait_at_barrier("failed_receive_mismatch", BARRIER_TIMEOUT_MS)
+
+        # refused: 2 MiB into a receiver whose max_receive_bytes is 1 MiB
+        # (the test's options): the receive fails RESOURCE_EXHAUSTED at
+        # once, and the sender's send with it (the refusal reaches it).
+        # JAX raises the receive's error from device_put itself (no array is
+        # made); the sender's plugin counts its failed send (JAX drops send
+        # results).
+        big = (1 << 19,)
+        if process_id == 0:
+            import jax_plugins.crosshost as crosshost
+
+            def sends_failed():
+                return crosshost.metrics()[0]["metrics"]["sends_failed"]
+
+            before = sends_failed()
+            x = jax.device_put(np.ones(big, np.float32), src)
+            jax.device_put(x, SingleDeviceSharding(dst))
+            deadline = time.monotonic() + 10
+            while sends_failed() == before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            result["refused_send_failed"] = sends_failed() > before
+            result["refused_send_after_s"] = 10 - (deadline - time.monotonic())
+        else:
+            x = jax.make_array_from_single_device_arrays(
+                big, SingleDeviceSharding(src), [], dtype=np.float32)
+            result["refused_put"] = outcome(
+                lambda: jax.device_put(x, SingleDeviceSharding(dst)))
+        kv.wait_at_barrier("failed_receive_refused", BARRIER_TIMEOUT_MS)
 
         # timeout: process 1 waits for an array process 0 sends only after
         # the receive has failed (and into nobody's receive).

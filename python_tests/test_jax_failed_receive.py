@@ -3,7 +3,9 @@
 Two JAX processes (jax_failed_receive_worker.py, receive_timeout_ms=3000):
 a receive whose sender's array has the wrong size (INVALID_ARGUMENT, from
 the sender's check of the destination) and one that is never sent
-(DEADLINE_EXCEEDED). On each failed array the receiver calls
+(DEADLINE_EXCEEDED), and one past the receiver's max_receive_bytes
+(RESOURCE_EXHAUSTED, raised by device_put itself; the sender's send fails
+at once). On each failed array the receiver calls
 block_until_ready, np.asarray, jit (delegated only) and device_put to its other device: every
 one raises the transfer's own status -- XLA's CPU plugin, delegated to,
 aborts the process when asked for the memory of an alias buffer that was
@@ -25,7 +27,7 @@ from test_jax_two_process import run_job
 pytestmark = skip_unless_jax()
 
 WORKER = HERE / "jax_failed_receive_worker.py"
-OPTIONS = "receive_timeout_ms=3000,send_timeout_ms=3000"
+OPTIONS = "receive_timeout_ms=3000,send_timeout_ms=3000,max_receive_bytes=1048576"
 EXPECTED = {"mismatch": "INVALID_ARGUMENT", "timeout": "DEADLINE_EXCEEDED"}
 USES = ["block_until_ready", "asarray", "device_put"]
 
@@ -34,7 +36,7 @@ USES = ["block_until_ready", "asarray", "device_put"]
 def test_a_failed_receive_raises_its_own_status_everywhere_and_the_job_goes_on(tmp_path, compute):
     # Fails unless both processes exit 0 with no errors: an abort (SIGABRT,
     # exit -6) is exactly what this test is about.
-    _, receiver = run_job(
+    sender, receiver = run_job(
         tmp_path, {"PJRT_CROSSHOST_CREATE_OPTIONS": OPTIONS}, compute=compute, worker=WORKER
     )
     failures = receiver["failures"]
@@ -51,6 +53,12 @@ def test_a_failed_receive_raises_its_own_status_everywhere_and_the_job_goes_on(t
     # A receive nobody sends names the likely cause: an uncommitted array.
     assert "sends only committed arrays" in failures["timeout"]["block_until_ready"]["message"], (
         failures["timeout"])
+    # Refused by the receiver's max_receive_bytes: device_put raises it
+    # there, and the sender's send fails at once, not at send_timeout_ms.
+    refused = receiver["refused_put"]
+    assert refused["raised"] and "RESOURCE_EXHAUSTED" in refused["message"], refused
+    assert "max_receive_bytes = 1048576" in refused["message"], refused
+    assert sender["refused_send_failed"] and sender["refused_send_after_s"] < 2.5, sender
     checks = receiver["checks_after"]
     assert len(checks) == 100 and all(checks), checks
     if compute is not None:
