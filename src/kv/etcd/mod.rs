@@ -1,6 +1,7 @@
 //! `EtcdStore`: transfer keys in an etcd cluster (`kv_store=etcd://…`).
 //!
-//! - async get: a Range, then a watch from the next revision, all of a
+//! - async get: a watch from now first, then, once etcd confirms the
+//!   watch, one Range (a value written before the watch began); all of a
 //!   store's waits on one watch stream (`watches.rs`);
 //! - delete: DeleteRange;
 //! - one lease per store with keep-alive (`lease.rs`); every key it writes

@@ -272,7 +272,7 @@ impl TransferService {
                 reservation,
             )?)
         } else {
-            // CUDA hook (issue #5): device memory exported as a CUDA IPC
+            // CUDA backend: device memory exported as a CUDA IPC
             // handle (transfer/cuda_path.rs).
             Destination::Cuda(cuda_path::open_destination(
                 placement,

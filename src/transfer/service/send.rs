@@ -543,7 +543,7 @@ impl TransferService {
             AllocationHandle::Ucx { .. } => Err(CopyError::Failed(status::internal(format!(
                 "{function}: a UCX destination reached the copy path"
             )))),
-            // CUDA hook (issue #5): same-node GPU destinations.
+            // CUDA backend: same-node GPU destinations (CUDA IPC).
             AllocationHandle::CudaIpc { .. } => {
                 cuda_path::copy_to_destination(&source.memory, descriptor, function)?;
                 Ok(None)
