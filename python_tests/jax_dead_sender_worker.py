@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -89,9 +90,22 @@ def main() -> int:
                 checks.append(bool(got.tobytes() == expected.tobytes()))
         result["checks_after"] = checks
         if process_id == 1:
-            kv.key_value_set("dead_sender_done", "1")
-        else:
-            kv.blocking_key_value_get("dead_sender_done", BARRIER_TIMEOUT_MS)
+            # Result first, then the signal, then out at once: once process
+            # 0 (the coordination service) is gone, JAX aborts a task that
+            # is still running.
+            finish(result, out_path)
+            kv.key_value_set("dead_sender_done", str(os.getpid()))
+            os._exit(0)
+        # Process 0 hosts the coordination service: it outlives process 1,
+        # whose pid (same host) it watches until it is gone.
+        receiver = int(kv.blocking_key_value_get("dead_sender_done", BARRIER_TIMEOUT_MS))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(receiver, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
     finish(result, out_path)

@@ -181,8 +181,13 @@ def test_a_receiver_killed_mid_transfer_fails_the_send_promptly(two_hosts, tmp_p
     os.killpg(receiver.pid, signal.SIGKILL)
     receiver.wait(30)
     sent = job.result(sender)
-    assert "OK" not in sent["sends"], sent["sends"]
-    assert all(s.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")) for s in sent["sends"]), sent
+    # The receiver dies with its first descriptor out and the rest not
+    # published: the first buffer may have landed before the kill (its OK
+    # then says the receiver acknowledged it), every other send fails.
+    first, rest = sent["sends"][0], sent["sends"][1:]
+    assert rest and "OK" not in rest, sent["sends"]
+    assert all(s.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")) for s in rest), sent
+    assert first == "OK" or first.startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")), sent
     assert time.monotonic() - started < TIMEOUT_MS / 1000, sent
 
 

@@ -134,9 +134,11 @@ impl TransferService {
         let mut destinations = Vec::with_capacity(opened.len());
         for ((destination, receive), desc_key) in opened.into_iter().zip(&desc_keys) {
             self.publish_descriptor(desc_key, &destination.descriptor, receive);
+            // Armed by the kill tests: this process dies with one
+            // descriptor out and the rest not yet published.
+            kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
             destinations.push(destination);
         }
-        kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
         Ok(destinations)
     }
 
