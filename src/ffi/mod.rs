@@ -9,6 +9,7 @@ mod buffer;
 mod client;
 mod cxx_delete;
 mod device;
+mod error_entries;
 pub(crate) mod errors;
 mod events;
 pub mod forward;

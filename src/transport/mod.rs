@@ -31,6 +31,7 @@ pub mod registry;
 pub mod shm;
 pub mod shm_fault;
 pub mod shm_mappings;
+pub mod shm_name;
 pub mod shm_owner;
 pub mod shm_pool;
 pub mod shm_populate;

@@ -37,7 +37,7 @@ use std::sync::Once;
 
 use parking_lot::Mutex;
 
-use super::shm::{shm_name_owner, shm_name_prefix_of, unlink_name, SHM_NAME_PREFIX};
+use super::shm_name::{shm_name_owner, shm_name_prefix_of, unlink_name, SHM_NAME_PREFIX};
 use super::shm_owner::{OwnerState, ShmOwner};
 use crate::status::Status;
 

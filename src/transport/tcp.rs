@@ -12,11 +12,13 @@
 mod admission;
 mod receive_server;
 mod send;
+mod server_config;
 mod socket;
 pub mod wire;
 
-pub use receive_server::{TcpReceiveServer, TcpServerConfig};
+pub use receive_server::TcpReceiveServer;
 pub use send::tcp_send;
+pub use server_config::TcpServerConfig;
 pub use wire::{PROTOCOL_VERSION, REQUEST_HEADER_LEN};
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! `tests/forwarding_table.rs` calls every routed and delegated slot against
 //! a recording compute plugin.
 use crate::ffi::bindings::*;
-use crate::ffi::{client, device, errors, events, jax_support, memory, plugin};
+use crate::ffi::{client, device, error_entries, events, jax_support, memory, plugin};
 
 /// Whose a slot is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,9 +31,9 @@ macro_rules! ours_table {
 }
 
 ours_table! {
-    PJRT_Error_Destroy => errors::error_destroy,
-    PJRT_Error_Message => errors::error_message,
-    PJRT_Error_GetCode => errors::error_get_code,
+    PJRT_Error_Destroy => error_entries::error_destroy,
+    PJRT_Error_Message => error_entries::error_message,
+    PJRT_Error_GetCode => error_entries::error_get_code,
     PJRT_Error_ForEachPayload => jax_support::error_for_each_payload,
     PJRT_Plugin_Initialize => plugin::plugin_initialize,
     PJRT_Plugin_Attributes => plugin::plugin_attributes,

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::receive_server::TcpServerConfig;
+use super::server_config::TcpServerConfig;
 use super::socket::set_large_buffers;
 use super::wire::{encode_response, RequestHeader, REQUEST_HEADER_LEN};
 use crate::status::{self, Status};
