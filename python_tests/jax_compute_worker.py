@@ -21,6 +21,8 @@ import traceback
 
 import numpy as np
 
+from jax_two_process_worker import devices_of, join_job
+
 SIZES = [1 << 10, 1 << 14, 1 << 16, 1 << 18]  # float32 elements: 4 KiB .. 1 MiB
 BARRIER_TIMEOUT_MS = 120_000
 
@@ -45,18 +47,11 @@ def main() -> int:
     try:
         import jax
         import jax.numpy as jnp
-        from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
-        src = [d for d in jax.devices() if d.process_index == 0][0]
-        dst = [d for d in jax.devices() if d.process_index == 1][0]
+        kv = join_job(process_id, port)
+        src = devices_of(0)[0]
+        dst = devices_of(1)[0]
         result["devices"] = [(d.id, d.process_index) for d in jax.devices()]
 
         @jax.jit

@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from jax_two_process_worker import finish
+from jax_two_process_worker import devices_of, finish, held_by, join_job
 
 WARMUP = 20
 BARRIER_TIMEOUT_MS = 60_000
@@ -46,29 +46,16 @@ def main() -> int:
     result: dict = {"process_id": process_id, "errors": [], "samples": []}
     try:
         import jax
-        from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
         import jax_plugins.crosshost as crosshost
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
-        src = [d for d in jax.devices() if d.process_index == 0][0]
-        dst = [d for d in jax.devices() if d.process_index == 1][0]
-        to_dst = SingleDeviceSharding(dst)
-        shape = (MIB // 4,)
+        kv = join_job(process_id, port)
+        src = devices_of(0)[0]
+        to_dst = SingleDeviceSharding(devices_of(1)[0])
 
         def put(i):
-            if process_id == 0:
-                x = jax.device_put(np.full(shape, i, np.float32), src)
-            else:
-                x = jax.make_array_from_single_device_arrays(
-                    shape, SingleDeviceSharding(src), [], dtype=np.float32)
+            x = held_by(np.full(MIB // 4, i, np.float32), src, process_id)
             return jax.device_put(x, to_dst)
 
         for i in range(WARMUP):

@@ -25,8 +25,8 @@ import traceback
 
 import numpy as np
 
-from jax_failed_receive_worker import outcome
-from jax_two_process_worker import finish
+from jax_failed_receive_worker import every_use
+from jax_two_process_worker import devices_of, finish, held_by, join_job
 
 ROUNDS_AFTER = 100
 BARRIER_TIMEOUT_MS = 120_000
@@ -37,27 +37,16 @@ def main() -> int:
     result: dict = {"process_id": process_id, "errors": [], "failures": {}}
     try:
         import jax
-        from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=3,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
+        kv = join_job(process_id, port, num_processes=3)
         compiles = os.environ.get("CROSSHOST_TEST_MODE") == "delegated"
-        first = {p: [d for d in jax.devices() if d.process_index == p][0] for p in range(3)}
-        dst, other = [d for d in jax.devices() if d.process_index == 1][:2]
+        first = {p: devices_of(p)[0] for p in range(3)}
+        dst, other = devices_of(1)[:2]
 
         def put(src, shape, seed):
             expected = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-            if process_id == src.process_index:
-                x = jax.device_put(expected, src)
-            else:
-                x = jax.make_array_from_single_device_arrays(
-                    expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype)
+            x = held_by(expected, src, process_id)
             return expected, jax.device_put(x, SingleDeviceSharding(dst))
 
         kv.wait_at_barrier("dead_sender_ready", BARRIER_TIMEOUT_MS)
@@ -66,15 +55,7 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         if process_id == 1:
             _, y = put(first[2], (4, 4), 1)
-            shard = y.addressable_shards[0].data
-            uses = {
-                "block_until_ready": outcome(lambda: y.block_until_ready()),
-                "asarray": outcome(lambda: np.asarray(shard)),
-                "device_put": outcome(lambda: np.asarray(jax.device_put(shard, other))),
-            }
-            if compiles:
-                uses["jit"] = outcome(lambda: np.asarray(jax.jit(lambda a: a * 2)(shard)))
-            result["failures"]["dead_sender"] = uses
+            result["failures"]["dead_sender"] = every_use(y, other, compiles)
         else:
             # JAX numbers each process's transfers in order: process 1's
             # failed receive took a number, so process 0 spends one too, on

@@ -18,7 +18,7 @@ import traceback
 import numpy as np
 
 from jax_failed_receive_worker import outcome
-from jax_two_process_worker import finish
+from jax_two_process_worker import devices_of, finish, held_by, join_job
 
 BARRIER_TIMEOUT_MS = 120_000
 
@@ -29,17 +29,10 @@ def main() -> int:
     try:
         import jax
         import jax.numpy as jnp
-        from jax._src import distributed
         from jax.experimental import multihost_utils
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
+        kv = join_job(process_id, port)
         mesh = Mesh(np.array(jax.devices()), ("x",))
         sharding = NamedSharding(mesh, P("x"))
         n = len(jax.devices())
@@ -69,18 +62,11 @@ def main() -> int:
             kv.wait_at_barrier(f"multiprocess_{name}", BARRIER_TIMEOUT_MS)
 
         # What runs: a program on this process's devices, and a transfer.
-        mine = [d for d in jax.devices() if d.process_index == process_id][0]
-        here = jax.device_put(np.arange(4, dtype=np.float32), mine)
+        here = jax.device_put(np.arange(4, dtype=np.float32), devices_of(process_id)[0])
         result["local_jit"] = np.asarray(jax.jit(lambda a: a * 2)(here)).tolist()
-        src = [d for d in jax.devices() if d.process_index == 0][0]
-        dst = [d for d in jax.devices() if d.process_index == 1][0]
         expected = np.arange(6, dtype=np.float32) + 0.5
-        if process_id == 0:
-            x = jax.device_put(expected, src)
-        else:
-            x = jax.make_array_from_single_device_arrays(
-                expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype)
-        y = jax.device_put(x, SingleDeviceSharding(dst))
+        x = held_by(expected, devices_of(0)[0], process_id)
+        y = jax.device_put(x, SingleDeviceSharding(devices_of(1)[0]))
         if process_id == 1:
             result["moved"] = np.asarray(y.addressable_shards[0].data).tolist() == expected.tolist()
             result["moved_sum"] = float(jnp.sum(y.addressable_shards[0].data))

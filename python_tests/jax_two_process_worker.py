@@ -74,30 +74,18 @@ def main() -> int:
         import jax
 
         jax.config.update("jax_enable_x64", True)
-        from jax._src import distributed
         from jax.sharding import SingleDeviceSharding
 
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=2,
-            process_id=process_id,
-            initialization_timeout=60,
-        )
-        kv = distributed.global_state.client
+        kv = join_job(process_id, port)
         assert jax.default_backend() == "crosshost", jax.default_backend()
-        src_devices = [d for d in jax.devices() if d.process_index == 0]
-        dst_devices = [d for d in jax.devices() if d.process_index == 1]
+        src_devices = devices_of(0)
+        dst_devices = devices_of(1)
         result["devices"] = [(d.id, d.process_index) for d in jax.devices()]
         result["local_devices"] = [d.id for d in jax.local_devices()]
 
         def source(seed, shape, dtype_name, src_index):
             expected = make_array(seed, shape, dtype_name)
-            src = src_devices[src_index]
-            if process_id == 0:
-                return expected, jax.device_put(expected, src)
-            return expected, jax.make_array_from_single_device_arrays(
-                expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype
-            )
+            return expected, held_by(expected, src_devices[src_index], process_id)
 
         def check(name, y, expected, dst):
             if process_id != 1:
@@ -204,6 +192,42 @@ def jax_store_values(kv) -> dict[str, str]:
     its first bytes (a sealed value starts with ``xsv1``)."""
     entries = kv.key_value_dir_get_bytes("crosshost:crosshost")
     return {k: bytes(v[:8]).decode("latin-1") for k, v in entries}
+
+
+def join_job(process_id: int, port: int, num_processes: int = 2):
+    """Joins the jax.distributed job whose coordinator listens on
+    127.0.0.1:PORT; returns JAX's coordination-service client."""
+    import jax
+    from jax._src import distributed
+
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=60,
+    )
+    return distributed.global_state.client
+
+
+def devices_of(process: int) -> list:
+    """Process `process`'s devices, in JAX's order."""
+    import jax
+
+    return [d for d in jax.devices() if d.process_index == process]
+
+
+def held_by(expected: np.ndarray, src, process_id: int):
+    """`expected` on device `src` in the process that owns it; in every
+    other process, the matching array that process cannot address (what a
+    cross-process device_put starts from there)."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    if process_id == src.process_index:
+        return jax.device_put(expected, src)
+    return jax.make_array_from_single_device_arrays(
+        expected.shape, SingleDeviceSharding(src), [], dtype=expected.dtype
+    )
 
 
 def finish(result: dict, out_path: str) -> int:

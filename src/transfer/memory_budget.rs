@@ -45,12 +45,7 @@ pub fn usable_memory_bytes() -> u64 {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|cgroups| cgroup_memory_limit(&cgroups, Path::new("/sys/fs/cgroup")));
-    match (machine, cgroup) {
-        (Some(m), Some(c)) => m.min(c),
-        (Some(m), None) => m,
-        (None, Some(c)) => c,
-        (None, None) => 32 << 30,
-    }
+    machine.into_iter().chain(cgroup).min().unwrap_or(32 << 30)
 }
 
 fn physical_memory_bytes() -> Option<u64> {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::destination::WritableDestination;
 use super::random::random_hex;
-use super::shm_fault::{Registration, Shrank};
+use super::shm_fault::{page_size, Registration, Shrank};
 pub(crate) use super::shm_name::{os_status, unlink_name, SHM_NAME_RANDOM_HEX_LEN};
 pub use super::shm_name::{
     shm_name, shm_name_owner, shm_name_prefix_of, validate_shm_name, SHM_NAME_PREFIX,
@@ -503,16 +503,6 @@ fn file_size(descriptor: &OwnedFd, name: &str) -> Result<u64> {
         )));
     }
     Ok(stat.st_size.max(0) as u64)
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as usize
-    } else {
-        4096
-    }
 }
 
 #[cfg(test)]

@@ -239,7 +239,8 @@ fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::
     }
 }
 
-fn page_size() -> usize {
+/// The page size (4096 where sysconf cannot say); safe in a signal handler.
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions and is async-signal-safe.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if page > 0 {

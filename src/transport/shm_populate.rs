@@ -9,6 +9,7 @@
 //! tables already have it, so a range used again costs nothing.
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::shm_fault::page_size;
 use crate::status::Result;
 
 /// Unit of what is remembered as faulted in.
@@ -126,12 +127,6 @@ unsafe fn fault_in(start: *mut u8, len: usize) -> Result<()> {
         at = at - at % page + page;
     }
     Ok(())
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size).unwrap_or(4096).max(1)
 }
 
 #[cfg(test)]

@@ -32,12 +32,14 @@ impl TransferService {
         // Each receiving process numbers its own v1 transfers: its index
         // keeps two receivers of one session from sharing key names.
         let epoch = format!("{}.v1.p{}", self.session.epoch, self.session.process_index);
+        let keys = (0..requests.len())
+            .map(|index| CompletionKey::new(&epoch, transfer_id, index as u64))
+            .collect::<Result<Vec<_>>>()?;
+        let reservations = self.reserve_batch(&requests, &keys, placement)?;
+        let route = Route::unknown_peer(self.config.transport);
         let mut opened = Vec::with_capacity(requests.len());
-        for (index, request) in requests.into_iter().enumerate() {
-            let key = CompletionKey::new(&epoch, transfer_id, index as u64)?;
-            let route = Route::unknown_peer(self.config.transport);
-            let destination = self.open_destination(request, key, None, route, placement, None);
-            opened.push(destination);
+        for ((request, key), reservation) in requests.into_iter().zip(keys).zip(reservations) {
+            opened.push(self.open_destination(request, key, None, route, placement, reservation));
         }
         Ok(self
             .all_or_none(opened)?
@@ -87,26 +89,16 @@ impl TransferService {
             plan.push((key, desc_key, peer.process_index, route));
         }
         let desc_keys: Vec<String> = plan.iter().map(|(_, d, _, _)| d.clone()).collect();
-        // The whole batch's memory first: a batch past max_receive_bytes is
-        // refused before any destination exists, so its senders can be told.
-        let mut reservations = Vec::with_capacity(requests.len());
-        for (request, (key, ..)) in requests.iter().zip(&plan) {
-            if !placement.is_host() {
-                reservations.push(None);
-                continue;
+        // A batch past max_receive_bytes is refused before any destination
+        // exists, so its senders can be told.
+        let keys: Vec<&CompletionKey> = plan.iter().map(|(key, ..)| key).collect();
+        let reservations = match self.reserve_batch(&requests, &keys, placement) {
+            Ok(reservations) => reservations,
+            Err(refused) => {
+                self.refuse_senders(&desc_keys, &refused);
+                return Err(refused);
             }
-            let what = format!("receive {key}");
-            match self
-                .receive_budget
-                .reserve(request.spec.byte_size as u64, &what)
-            {
-                Ok(reservation) => reservations.push(Some(reservation)),
-                Err(refused) => {
-                    self.refuse_senders(&desc_keys, &refused);
-                    return Err(refused);
-                }
-            }
-        }
+        };
         let mut opened = Vec::with_capacity(plan.len());
         let batch = requests.into_iter().zip(plan).zip(reservations);
         for ((request, (key, desc_key, peer_process, route)), reservation) in batch {
@@ -140,6 +132,31 @@ impl TransferService {
             destinations.push(destination);
         }
         Ok(destinations)
+    }
+
+    /// The whole batch's host memory, reserved before anything is allocated
+    /// (or faulted in): one entry per request, `None` for device memory; the
+    /// first request past `max_receive_bytes` fails the batch, and the
+    /// reservations made before it are given back.
+    fn reserve_batch<K: std::borrow::Borrow<CompletionKey>>(
+        &self,
+        requests: &[ReceiveRequest],
+        keys: &[K],
+        placement: &DevicePlacement,
+    ) -> Result<Vec<Option<BudgetLease>>> {
+        requests
+            .iter()
+            .zip(keys)
+            .map(|(request, key)| {
+                if !placement.is_host() {
+                    return Ok(None);
+                }
+                let what = format!("receive {}", key.borrow());
+                self.receive_budget
+                    .reserve(request.spec.byte_size as u64, &what)
+                    .map(Some)
+            })
+            .collect()
     }
 
     /// Publishes one destination's descriptor, without waiting: a store
@@ -231,13 +248,11 @@ impl TransferService {
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
         let destination = if placement.is_host() {
-            // Reserved before anything is allocated (or faulted in).
-            let reservation = match reservation {
-                Some(reservation) => reservation,
-                None => self
-                    .receive_budget
-                    .reserve(spec.byte_size as u64, &format!("receive {key}"))?,
-            };
+            let reservation = reservation.ok_or_else(|| {
+                status::internal(format!(
+                    "receive {key}: a host destination without its memory reservation"
+                ))
+            })?;
             let host_route = match route {
                 Route::SharedMemory => HostRoute::SharedMemory,
                 Route::Tcp => {
