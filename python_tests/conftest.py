@@ -107,6 +107,30 @@ def xh(api):
     return th.Transfers(api)
 
 
+@pytest.fixture(params=["auto", "tcp"])
+def pair(request, api):
+    """The two clients of a 2-node job inside this process (node 0, node 1),
+    once on the ``auto`` transport (same host: shared memory / in-process
+    copy) and once forced onto ``tcp`` (the two-hosts path)."""
+    import transfer_helpers as th
+
+    c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)
+    yield c0, c1
+    c1.destroy()
+    c0.destroy()
+
+
+@pytest.fixture
+def auto_pair(api):
+    """The two clients of a 2-node job inside this process, ``auto`` transport only."""
+    import transfer_helpers as th
+
+    c0, c1 = th.make_pair(api)
+    yield c0, c1
+    c1.destroy()
+    c0.destroy()
+
+
 @pytest.fixture
 def server():
     """A KvServer of the test's own (localhost TCP), closed afterwards."""

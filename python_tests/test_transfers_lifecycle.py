@@ -22,14 +22,6 @@ BT = pc.BufferType
 EC = pc.ErrorCode
 
 
-@pytest.fixture(params=["auto", "tcp"])
-def pair(request, api):
-    c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)
-    yield c0, c1
-    c1.destroy()
-    c0.destroy()
-
-
 def upload0(c0, s, seed):
     d = th.make_data(s, seed)
     return th.upload(c0, c0.addressable_devices()[0], s, d), d

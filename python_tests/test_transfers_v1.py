@@ -26,22 +26,6 @@ BT = pc.BufferType
 EC = pc.ErrorCode
 
 
-@pytest.fixture(params=["auto", "tcp"])
-def pair(request, api):
-    c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)
-    yield c0, c1
-    c1.destroy()
-    c0.destroy()
-
-
-@pytest.fixture
-def auto_pair(api):
-    c0, c1 = th.make_pair(api)
-    yield c0, c1
-    c1.destroy()
-    c0.destroy()
-
-
 def sources(c0, specs, seed):
     dev = c0.addressable_devices()[0]
     datas = [th.make_data(s, seed + i) for i, s in enumerate(specs)]

@@ -23,23 +23,6 @@ from transfer_helpers import WAIT, spec
 
 BT = pc.BufferType
 EC = pc.ErrorCode
-TRANSPORTS = ["auto", "tcp"]
-
-
-@pytest.fixture(params=TRANSPORTS)
-def pair(request, api):
-    c0, c1 = th.make_pair(api, transport=None if request.param == "auto" else request.param)
-    yield c0, c1
-    c1.destroy()
-    c0.destroy()
-
-
-@pytest.fixture
-def auto_pair(api):
-    c0, c1 = th.make_pair(api)
-    yield c0, c1
-    c1.destroy()
-    c0.destroy()
 
 
 def devs(c0, c1):
