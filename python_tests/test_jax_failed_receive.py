@@ -10,7 +10,7 @@ block_until_ready, np.asarray, jit (delegated only) and device_put to its other 
 one raises the transfer's own status -- XLA's CPU plugin, delegated to,
 aborts the process when asked for the memory of an alias buffer that was
 fulfilled with an error, so the plugin answers those calls itself
-(backend/compute_plugin/receives.rs). Then 100 more arrays go across and
+(src/compute_plugin/receives.rs). Then 100 more arrays go across and
 every byte is checked. Embedded and delegating to XLA's CPU plugin.
 """
 

@@ -14,8 +14,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 
-use pjrt_crosshost::ffi::bindings::*;
 use pjrt_crosshost::ffi::forward::table::{args_struct_size, header_slots, roles, Role};
+use pjrt_crosshost::pjrt::bindings::*;
 
 /// The mock's functions that must answer for a client to be created.
 const MOCK_SPECIALS: &str = r#"

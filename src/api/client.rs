@@ -5,15 +5,14 @@ use super::buffer::{Buffer, HostArray};
 use super::device::{Device, Memory};
 use super::element_type::Shape;
 use super::options::{ClientOptions, ComputeChoice, OptionValue, StoreChoice, TransportChoice};
-use crate::backend::compute_plugin::{
-    self, AttributeValue, ComputeClient, InnerOptions, InnerPtr, PluginFamily,
-};
 use crate::backend::{self, Allocation, Backend};
+use crate::compute_plugin::{self, ComputeClient, InnerOptions, InnerPtr, PluginFamily};
 use crate::kv::callback::{CallbackStore, CallbackStoreOptions, RawKvCallbacks};
 use crate::kv::memory::MemoryStore;
 use crate::kv::peer::{KeyRouter, PeerAddress, PeerStore};
 use crate::kv::sealed::{JobSecret, SealedStore};
 use crate::kv::KeyValueStore;
+use crate::pjrt::named_values::NamedValue;
 use crate::status::{invalid_argument, Result};
 use crate::sync::{Future, Metrics};
 use crate::transfer::keys::{self, KeyReader};
@@ -103,13 +102,10 @@ fn inner_options(options: &ClientOptions, family: PluginFamily) -> Result<InnerO
     if family == PluginFamily::Cpu {
         inner.push((
             "cpu_device_count".into(),
-            AttributeValue::Int(options.num_devices as i64),
+            NamedValue::Int(options.num_devices as i64),
         ));
         if options.num_nodes > 1 {
-            inner.push((
-                "process_id".into(),
-                AttributeValue::Int(options.node_id as i64),
-            ));
+            inner.push(("process_id".into(), NamedValue::Int(options.node_id as i64)));
         }
     }
     for (name, value) in &options.compute_options {
@@ -117,11 +113,11 @@ fn inner_options(options: &ClientOptions, family: PluginFamily) -> Result<InnerO
             check_cpu_option(name, value)?;
         }
         let value = match value {
-            OptionValue::Str(s) => AttributeValue::Str(s.clone()),
-            OptionValue::Int(i) => AttributeValue::Int(*i),
-            OptionValue::IntList(l) => AttributeValue::IntList(l.clone()),
-            OptionValue::Float(f) => AttributeValue::Float(*f),
-            OptionValue::Bool(b) => AttributeValue::Bool(*b),
+            OptionValue::Str(s) => NamedValue::Str(s.clone()),
+            OptionValue::Int(i) => NamedValue::Int(*i),
+            OptionValue::IntList(l) => NamedValue::IntList(l.clone()),
+            OptionValue::Float(f) => NamedValue::Float(*f),
+            OptionValue::Bool(b) => NamedValue::Bool(*b),
         };
         inner.retain(|(existing, _)| existing != name);
         inner.push((name.clone(), value));

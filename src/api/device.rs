@@ -1,8 +1,9 @@
 //! Devices and their memories.
 use std::sync::Arc;
 
-use crate::backend::compute_plugin::{AttributeValue, ComputeDevice, ComputeMemory};
 use crate::backend::{Backend, DevicePlacement, DriverMemoryInfo, MemoryCounters};
+use crate::compute_plugin::{ComputeDevice, ComputeMemory};
+use crate::pjrt::named_values::NamedValue;
 
 /// The memory space of a device of the embedded backends: its own memory.
 pub const DEVICE_MEMORY_KIND: &str = "device";
@@ -27,7 +28,7 @@ pub struct Device {
     /// addressable device).
     pub compute: Option<ComputeDevice>,
     /// Description attributes beyond the id (the compute plugin's).
-    pub compute_attributes: Vec<(String, AttributeValue)>,
+    pub compute_attributes: Vec<(String, NamedValue)>,
     /// The backend of this process (for a remote device: of this process
     /// too; a job is assumed to use one backend everywhere).
     pub backend: Arc<dyn Backend>,

@@ -6,11 +6,11 @@ use super::buffer::Buffer;
 use super::client::Client;
 use super::device::Device;
 use super::element_type::{ElementType, Shape};
-use crate::backend::compute_plugin::{
+use crate::backend::{Allocation, DevicePlacement};
+use crate::compute_plugin::{
     buffer_dims, buffer_element_type, watch_receive, ComputeClient, ComputeReceive, HeldSource,
     InnerBuffer, InnerPtr,
 };
-use crate::backend::{Allocation, DevicePlacement};
 use crate::status::{internal, invalid_argument, Outcome, Result, Status};
 use crate::sync::Future;
 use crate::transfer::service::{BufferSpec, ReceiveRequest, RecordReceived, SendSource};

@@ -33,7 +33,8 @@ use cudarc::driver::sys;
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
-use super::{Allocation, AttributeValue, Backend, DeviceMemory, DriverMemoryInfo, MemoryCounters};
+use super::{Allocation, Backend, DeviceMemory, DriverMemoryInfo, MemoryCounters};
+use crate::pjrt::named_values::NamedValue;
 use crate::status::{self, Code, Result, Status};
 
 /// Length of a `CUipcMemHandle`.
@@ -331,7 +332,7 @@ impl Backend for CudaBackend {
             .unwrap_or_else(|| "cuda".to_string())
     }
 
-    fn device_attributes(&self, index: usize) -> Vec<(String, AttributeValue)> {
+    fn device_attributes(&self, index: usize) -> Vec<(String, NamedValue)> {
         let Some(d) = self.devices.get(index) else {
             return Vec::new();
         };
@@ -339,27 +340,27 @@ impl Backend for CudaBackend {
         vec![
             (
                 "compute_capability".into(),
-                AttributeValue::Str(format!("{major}.{minor}")),
+                NamedValue::Str(format!("{major}.{minor}")),
             ),
             (
                 "compute_capability_major".into(),
-                AttributeValue::Int(major as i64),
+                NamedValue::Int(major as i64),
             ),
             (
                 "compute_capability_minor".into(),
-                AttributeValue::Int(minor as i64),
+                NamedValue::Int(minor as i64),
             ),
             (
                 "total_memory_bytes".into(),
-                AttributeValue::Int(d.total_memory as i64),
+                NamedValue::Int(d.total_memory as i64),
             ),
             (
                 "core_count".into(),
-                AttributeValue::Int(d.multiprocessors as i64),
+                NamedValue::Int(d.multiprocessors as i64),
             ),
             (
                 "cuda_device_ordinal".into(),
-                AttributeValue::Int(d.ordinal as i64),
+                NamedValue::Int(d.ordinal as i64),
             ),
         ]
     }

@@ -3,7 +3,8 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::{Allocation, AttributeValue, Backend, DeviceMemory, MemoryCounters};
+use super::{Allocation, Backend, DeviceMemory, MemoryCounters};
+use crate::pjrt::named_values::NamedValue;
 use crate::status::{invalid_argument, out_of_range, resource_exhausted, Result};
 
 /// The device kind of host-backend devices.
@@ -38,7 +39,7 @@ impl Backend for HostBackend {
         HOST_DEVICE_KIND.to_string()
     }
 
-    fn device_attributes(&self, _index: usize) -> Vec<(String, AttributeValue)> {
+    fn device_attributes(&self, _index: usize) -> Vec<(String, NamedValue)> {
         Vec::new()
     }
 

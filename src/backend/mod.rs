@@ -4,15 +4,14 @@
 //! A `Backend` owns a process's devices of one kind: it names them, describes
 //! them and allocates their memory. The client picks one at creation
 //! (`backend=auto|host|cuda`, see `select`).
-pub mod compute_plugin;
 pub mod cuda;
 pub mod host;
-pub mod shared;
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use crate::pjrt::named_values::NamedValue;
 use crate::status::{self, Result};
 
 /// Per-device allocation statistics reported by `PJRT_Device_MemoryStats`.
@@ -105,14 +104,6 @@ pub trait DeviceMemory: Send + Sync {
 
 pub type Allocation = Arc<dyn DeviceMemory>;
 
-/// A value of a device description attribute.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AttributeValue {
-    Str(String),
-    Int(i64),
-    Bool(bool),
-}
-
 /// Free and total bytes of a device, as its driver reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DriverMemoryInfo {
@@ -133,7 +124,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// The device kind PJRT reports (the GPU's name on CUDA).
     fn device_kind(&self, index: usize) -> String;
     /// Extra description attributes (compute capability, memory size...).
-    fn device_attributes(&self, index: usize) -> Vec<(String, AttributeValue)>;
+    fn device_attributes(&self, index: usize) -> Vec<(String, NamedValue)>;
     /// A zero-initialised (host) or uninitialised-but-owned (device)
     /// allocation of `bytes` on device `index`, counted in `counters`.
     fn allocate(

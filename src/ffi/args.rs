@@ -9,13 +9,13 @@
 //! (`boundary::checked_args`, through `pjrt_entry!`).
 use std::os::raw::c_char;
 
-use super::bindings::*;
 use super::handles::{
     try_borrow, try_take, BufferHandle, Castable, ClientHandle, DescriptionHandle, DeviceHandle,
     EventHandle, MemoryHandle, OwnedBox,
 };
 use crate::api::element_type::Shape;
 use crate::api::options::OptionValue;
+use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, unimplemented, Result, Status};
 
 // ------------------------------ errors ---------------------------------------

@@ -28,8 +28,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use super::bindings::PJRT_Error;
 use super::errors::error_into_raw;
+use crate::pjrt::bindings::PJRT_Error;
 use crate::status::{internal, invalid_argument, Result, Status};
 
 /// The `PJRT_Error*` boundary: `Ok(error)` is returned as it is (null for
@@ -198,10 +198,10 @@ macro_rules! pjrt_entry {
     ($(#[$meta:meta])* $rust_name:ident = $c_name:literal, $ty:ident through $field:ident, |$args:ident| $body:block) => {
         $(#[$meta])*
         pub(crate) unsafe extern "C" fn $rust_name(
-            raw: *mut $crate::ffi::bindings::$ty,
-        ) -> *mut $crate::ffi::bindings::PJRT_Error {
+            raw: *mut $crate::pjrt::bindings::$ty,
+        ) -> *mut $crate::pjrt::bindings::PJRT_Error {
             $crate::ffi::boundary::run_entry($c_name, || {
-                let required = $crate::struct_size_through!($crate::ffi::bindings::$ty, $field);
+                let required = $crate::struct_size_through!($crate::pjrt::bindings::$ty, $field);
                 // SAFETY: the PJRT contract: `raw` is null or a valid args
                 // struct of the caller's `struct_size`; checked_args rejects
                 // null and short structs.
@@ -223,8 +223,8 @@ macro_rules! pjrt_entry {
 macro_rules! callback_entry {
     ($(#[$meta:meta])* $rust_name:ident = $c_name:literal, $ty:ident through $field:ident, |$args:ident, $cb:ident: $cb_ty:ty| $body:block) => {
         $(#[$meta])*
-        pub(crate) unsafe extern "C" fn $rust_name(raw: *mut $crate::ffi::bindings::$ty) {
-            let required = $crate::struct_size_through!($crate::ffi::bindings::$ty, $field);
+        pub(crate) unsafe extern "C" fn $rust_name(raw: *mut $crate::pjrt::bindings::$ty) {
+            let required = $crate::struct_size_through!($crate::pjrt::bindings::$ty, $field);
             // SAFETY: the PJRT contract: `raw` is null or a valid args
             // struct of the caller's `struct_size`; run_callback_entry
             // rejects null and short structs.

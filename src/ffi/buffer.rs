@@ -2,9 +2,9 @@
 use super::args::{
     buffer_arg, check_default_layout, device_arg, memory_arg, null_field, owned_arg,
 };
-use super::bindings::*;
 use super::handles::{into_raw, BufferHandle, EventHandle};
 use crate::api::buffer::Buffer;
+use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, out_of_range, Result};
 
 /// A caller's destination pointer, carried to whichever thread completes the

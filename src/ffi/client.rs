@@ -5,13 +5,13 @@ use super::args::{
     check_default_layout, client_arg, device_arg, memory_arg, null_field, owned_arg, read_dims,
     read_named_values, str_out,
 };
-use super::bindings::*;
 use super::handles::{into_raw, BufferHandle, ClientHandle, EventHandle};
 use crate::api::buffer::HostArray;
 use crate::api::client::{Client, PLATFORM_NAME};
 use crate::api::device::Device;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::options::ClientOptions;
+use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, Result};
 use crate::sync::Future;
 

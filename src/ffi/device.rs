@@ -63,7 +63,7 @@ crate::pjrt_entry!(
     let stats = device.device.counters.snapshot();
     args.bytes_in_use = stats.bytes_in_use;
     // Optional fields exist only when the caller's struct is large enough.
-    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, largest_alloc_size_is_set) {
+    if crate::has_field!(args, crate::pjrt::bindings::PJRT_Device_MemoryStats_Args, largest_alloc_size_is_set) {
         args.peak_bytes_in_use = stats.peak_bytes_in_use;
         args.peak_bytes_in_use_is_set = true;
         args.num_allocs = stats.num_allocs;
@@ -76,7 +76,7 @@ crate::pjrt_entry!(
     // zero the struct, so an untouched `*_is_set` reads as garbage there.
     macro_rules! not_set {
         ($($field:ident),*) => {$(
-            if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, $field) {
+            if crate::has_field!(args, crate::pjrt::bindings::PJRT_Device_MemoryStats_Args, $field) {
                 args.$field = false;
             }
         )*};
@@ -91,7 +91,7 @@ crate::pjrt_entry!(
         peak_pool_bytes_is_set,
         peak_allocated_bytes_is_set
     );
-    if crate::has_field!(args, super::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
+    if crate::has_field!(args, crate::pjrt::bindings::PJRT_Device_MemoryStats_Args, bytes_limit_is_set) {
         // The driver's total memory where there is a driver (CUDA).
         if let Some(info) = device.device.driver_memory_info() {
             args.bytes_limit = info.total_bytes as i64;
@@ -160,7 +160,7 @@ crate::pjrt_entry!(
 /// `attributes_deleter` handed out by PJRT_Device_GetAttributes: the
 /// attributes live as long as the device, so there is nothing to free.
 unsafe extern "C" fn device_attributes_keep(
-    _attributes: *mut super::bindings::PJRT_Device_Attributes,
+    _attributes: *mut crate::pjrt::bindings::PJRT_Device_Attributes,
 ) {
 }
 
@@ -173,7 +173,7 @@ crate::pjrt_entry!(
     let device = unsafe { device_arg(args.device, "PJRT_Device_GetAttributes", "device") }?;
     args.attributes = device.description.attributes.values.as_ptr();
     args.num_attributes = device.description.attributes.values.len();
-    if crate::has_field!(args, super::bindings::PJRT_Device_GetAttributes_Args, attributes_deleter) {
+    if crate::has_field!(args, crate::pjrt::bindings::PJRT_Device_GetAttributes_Args, attributes_deleter) {
         args.device_attributes = std::ptr::null_mut();
         args.attributes_deleter = Some(device_attributes_keep);
     }

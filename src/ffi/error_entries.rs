@@ -3,9 +3,9 @@
 //! implementation's (through its vtable).
 use std::ptr;
 
-use super::bindings::*;
 use super::boundary::or_on_panic;
 use super::errors::take_error;
+use crate::pjrt::bindings::*;
 use crate::status::Code;
 
 /// Frees `error`, ours or another implementation's (through its vtable), which

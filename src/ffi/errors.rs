@@ -4,7 +4,7 @@
 use std::os::raw::c_char;
 use std::ptr;
 
-use super::bindings::*;
+use crate::pjrt::bindings::*;
 use crate::status::{Code, Status};
 
 /// Our error object. `base` must stay first: callers may read `vtable`.

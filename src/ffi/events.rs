@@ -3,9 +3,9 @@
 use std::ffi::c_void;
 
 use super::args::{event_arg, lossy_str, null_field, owned_arg};
-use super::bindings::*;
 use super::errors::error_into_raw;
 use super::handles::{into_raw, EventHandle};
+use crate::pjrt::bindings::*;
 use crate::status::{failed_precondition, invalid_argument, Code, Status};
 
 const SET: &str = "PJRT_Event_Set";

@@ -32,11 +32,12 @@ use std::sync::{Arc, Weak};
 use once_cell::sync::Lazy;
 use parking_lot::{Mutex, RwLock};
 
-use super::bindings::*;
 use crate::api::buffer::Buffer;
 use crate::api::client::Client;
 use crate::api::device::{Device, Memory};
-use crate::backend::compute_plugin::{self, AttributeValue, ComputePlugin, InnerPtr};
+use crate::compute_plugin::{self, ComputePlugin, InnerPtr};
+use crate::pjrt::bindings::*;
+use crate::pjrt::named_values::{NamedValue, NamedValues};
 use crate::status::{invalid_argument, Result};
 use crate::sync::{Future, PromiseOnce};
 
@@ -494,20 +495,11 @@ impl DescriptionHandle {
                     .compute_attributes
                     .iter()
                     .filter(|(name, _)| name != "backend" && name != "global_device_id")
-                    .map(|(name, value)| (name.clone(), NamedValue::from(value))),
+                    .cloned(),
             );
         } else if device.addressable {
             let index = device.local_hardware_id as usize;
-            named.extend(device.backend.device_attributes(index).into_iter().map(
-                |(name, value)| {
-                    let value = match value {
-                        crate::backend::AttributeValue::Str(s) => NamedValue::Str(s),
-                        crate::backend::AttributeValue::Int(i) => NamedValue::Int(i),
-                        crate::backend::AttributeValue::Bool(b) => NamedValue::Bool(b),
-                    };
-                    (name, value)
-                },
-            ));
+            named.extend(device.backend.device_attributes(index));
         }
         DescriptionHandle {
             tag: Self::TAG,
@@ -696,87 +688,6 @@ impl EventHandle {
             tag: Self::TAG,
             future,
             promise: Some(promise),
-        }
-    }
-}
-
-// ------------------------------ named values ---------------------------------
-
-pub(crate) enum NamedValue {
-    Str(String),
-    Int(i64),
-    IntList(Vec<i64>),
-    Float(f32),
-    Bool(bool),
-}
-
-impl From<&AttributeValue> for NamedValue {
-    fn from(value: &AttributeValue) -> NamedValue {
-        match value {
-            AttributeValue::Str(s) => NamedValue::Str(s.clone()),
-            AttributeValue::Int(i) => NamedValue::Int(*i),
-            AttributeValue::IntList(l) => NamedValue::IntList(l.clone()),
-            AttributeValue::Float(f) => NamedValue::Float(*f),
-            AttributeValue::Bool(b) => NamedValue::Bool(*b),
-        }
-    }
-}
-
-/// A `PJRT_NamedValue` array plus the strings it points into.
-pub(crate) struct NamedValues {
-    _names: Vec<(String, NamedValue)>,
-    pub values: Vec<PJRT_NamedValue>,
-}
-// SAFETY: the raw pointers in `values` point into `_names`, which is never
-// mutated after construction.
-unsafe impl Send for NamedValues {}
-// SAFETY: as above.
-unsafe impl Sync for NamedValues {}
-
-impl NamedValues {
-    pub fn new(names: Vec<(String, NamedValue)>) -> NamedValues {
-        let values = names
-            .iter()
-            .map(|(name, value)| {
-                let mut v = PJRT_NamedValue {
-                    struct_size: PJRT_NamedValue_STRUCT_SIZE as usize,
-                    name: name.as_ptr() as *const _,
-                    name_size: name.len(),
-                    ..Default::default()
-                };
-                match value {
-                    NamedValue::Str(s) => {
-                        v.type_ = PJRT_NamedValue_kString;
-                        v.__bindgen_anon_1.string_value = s.as_ptr() as *const _;
-                        v.value_size = s.len();
-                    }
-                    NamedValue::Int(i) => {
-                        v.type_ = PJRT_NamedValue_kInt64;
-                        v.__bindgen_anon_1.int64_value = *i;
-                        v.value_size = 1;
-                    }
-                    NamedValue::IntList(list) => {
-                        v.type_ = PJRT_NamedValue_kInt64List;
-                        v.__bindgen_anon_1.int64_array_value = list.as_ptr();
-                        v.value_size = list.len();
-                    }
-                    NamedValue::Float(f) => {
-                        v.type_ = PJRT_NamedValue_kFloat;
-                        v.__bindgen_anon_1.float_value = *f;
-                        v.value_size = 1;
-                    }
-                    NamedValue::Bool(b) => {
-                        v.type_ = PJRT_NamedValue_kBool;
-                        v.__bindgen_anon_1.bool_value = *b;
-                        v.value_size = 1;
-                    }
-                }
-                v
-            })
-            .collect();
-        NamedValues {
-            _names: names,
-            values,
         }
     }
 }

@@ -8,10 +8,10 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::args::{client_arg, null_field};
-use super::bindings::*;
 use super::boundary::or_on_panic;
 use crate::api::client::Client;
 use crate::api::transfers::ProcessReport;
+use crate::pjrt::bindings::*;
 
 const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
 

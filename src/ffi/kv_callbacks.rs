@@ -23,10 +23,10 @@ use std::time::Duration;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use crate::ffi::bindings::*;
 use crate::ffi::errors::error_into_raw;
 use crate::ffi::kv_delete_route;
 use crate::kv::RawKvCallbacks;
+use crate::pjrt::bindings::*;
 use crate::status::{self, Code, Result, Status};
 
 // ---------------------------------------------------------------------------

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::bindings::PJRT_CrossHost_KeyValueDeleteCallback_Args;
-use super::bindings::PJRT_Error;
 use super::boundary::or_on_panic;
+use crate::pjrt::bindings::PJRT_CrossHost_KeyValueDeleteCallback_Args;
+use crate::pjrt::bindings::PJRT_Error;
 
 pub(crate) type DeleteFn =
     unsafe extern "C" fn(*mut PJRT_CrossHost_KeyValueDeleteCallback_Args) -> *mut PJRT_Error;

@@ -3,8 +3,8 @@ use std::ffi::CString;
 use std::os::raw::c_char;
 
 use super::args::client_arg;
-use super::bindings::PJRT_Client;
 use super::boundary::or_on_panic;
+use crate::pjrt::bindings::PJRT_Client;
 
 /// JSON snapshot of the client's transfer metrics; NULL for a null or
 /// invalid client. Free with `pjrt_crosshost_free_string`.

@@ -3,7 +3,6 @@
 // PJRT constants keep their C names.
 #![allow(non_upper_case_globals)]
 mod args;
-pub mod bindings;
 pub(crate) mod boundary;
 mod buffer;
 mod client;
@@ -26,7 +25,7 @@ pub(crate) mod unimplemented;
 
 use once_cell::sync::Lazy;
 
-use bindings::*;
+use crate::pjrt::bindings::*;
 
 struct ApiTable(PJRT_Api);
 // SAFETY: built once, never mutated afterwards; holds function pointers and
@@ -65,7 +64,7 @@ pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
         // Before the table exists: the compute plugin's extensions go on our
         // chain. A load failure is remembered and reported by client
         // creation.
-        if let Some(Err(e)) = crate::backend::compute_plugin::load_configured() {
+        if let Some(Err(e)) = crate::compute_plugin::load_configured() {
             log::error!("{e}");
         }
         &API.0 as *const PJRT_Api

@@ -8,8 +8,8 @@ use std::os::raw::{c_char, c_int};
 use once_cell::sync::OnceCell;
 
 use super::boundary::or_on_panic;
-use super::handles::{NamedValue, NamedValues};
-use crate::backend::compute_plugin;
+use crate::compute_plugin;
+use crate::pjrt::named_values::{NamedValue, NamedValues};
 
 /// Built at the first call: after `GetPjrtApi` loaded any compute plugin.
 static PLUGIN_ATTRIBUTES: OnceCell<NamedValues> = OnceCell::new();
@@ -32,7 +32,7 @@ fn attributes() -> &'static NamedValues {
                     .attributes()
                     .iter()
                     .filter(|(name, _)| !ours.iter().any(|(o, _)| o == name))
-                    .map(|(name, value)| (name.clone(), NamedValue::from(value)))
+                    .cloned()
                     .collect()
             })
             .unwrap_or_default();

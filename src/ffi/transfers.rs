@@ -14,14 +14,14 @@ use super::args::{
     array, buffer_arg, check_default_layout, client_arg, device_arg, event_arg, null_field,
     read_dims, read_str,
 };
-use super::bindings::*;
 use super::boundary::{panic_message, Callback};
 use super::errors::{error_into_raw, take_error};
 use super::handles::{into_raw, route, try_take, BufferHandle, ClientHandle, EventHandle, Route};
 use crate::api::client::Client;
 use crate::api::element_type::{ElementType, Shape};
 use crate::api::transfers::{PeerIncarnations, ReceiveSpec, ReceivedBuffer, SourceBuffer};
-use crate::backend::compute_plugin::InnerPtr;
+use crate::compute_plugin::InnerPtr;
+use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, Code, Result, Status};
 
 const MAKE: &str = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers";
@@ -569,7 +569,7 @@ fn embedded_owner(
 
 /// The delegating client whose compute plugin made `buffer`.
 fn delegating_owner(buffer: InnerPtr) -> Result<Arc<Client>> {
-    let plugin = crate::backend::compute_plugin::loaded().ok_or_else(|| {
+    let plugin = crate::compute_plugin::loaded().ok_or_else(|| {
         invalid_argument(format!("{COPY}: buffer is not a live PJRT_Buffer handle"))
     })?;
     let mut args = PJRT_Buffer_Device_Args {
@@ -599,7 +599,7 @@ static EXTENSION: Lazy<ExtensionTable> = Lazy::new(|| {
             struct_size: std::mem::size_of::<PJRT_CrossHostTransfers_Extension>(),
             type_: PJRT_Extension_Type_CrossHostTransfers,
             // The compute plugin's extensions follow ours.
-            next: crate::backend::compute_plugin::loaded()
+            next: crate::compute_plugin::loaded()
                 .map(|plugin| super::forward::extensions::compute_chain(&plugin))
                 .unwrap_or(std::ptr::null_mut()),
         },

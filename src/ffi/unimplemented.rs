@@ -2,9 +2,9 @@
 //! header by build.rs; `api_table` overrides the ones the plugin offers.
 #![allow(non_snake_case)]
 
-use super::bindings::*;
 use super::boundary::catch_entry;
 use super::errors::error_into_raw;
+use crate::pjrt::bindings::*;
 use crate::status::unimplemented;
 
 pub(crate) fn unimplemented_error(function: &str) -> *mut PJRT_Error {

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use super::cuda_path::CudaDestination;
 use super::descriptor::AllocationHandle;
 use super::memory_budget::BudgetLease;
-use crate::backend::shared::SharedHostMemory;
+use super::shared_host_memory::SharedHostMemory;
 use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
 use crate::transport::auth_token::AuthToken;

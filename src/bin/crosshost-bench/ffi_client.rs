@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use pjrt_crosshost::ffi::bindings::*;
+use pjrt_crosshost::pjrt::bindings::*;
 
 pub type Result<T> = std::result::Result<T, String>;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use pjrt_crosshost::ffi::bindings::*;
+use pjrt_crosshost::pjrt::bindings::*;
 
 use crate::ffi_client::KvCallbacks;
 

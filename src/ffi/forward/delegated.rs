@@ -19,12 +19,12 @@ use std::sync::Arc;
 use super::{delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
 use crate::api::device_ids::{assigned_devices, map_compile_options, DeviceIdMap};
 use crate::api::element_type::ElementType;
-use crate::backend::compute_plugin::ComputeClient;
+use crate::compute_plugin::ComputeClient;
 use crate::ffi::args::{array, device_arg, null_field};
-use crate::ffi::bindings::*;
 use crate::ffi::boundary::checked_args;
 use crate::ffi::handles::ClientHandle;
 use crate::ffi::{client, device, unimplemented};
+use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, Result};
 
 /// Runs a slot whose client field decides: an embedded client → `ours`,
@@ -627,7 +627,7 @@ unsafe fn device_slot<T>(
     required: usize,
     device_field: fn(*mut T) -> *mut *mut PJRT_Device,
     ours: unsafe extern "C" fn(*mut T) -> *mut PJRT_Error,
-    forward: impl FnOnce(&Arc<crate::backend::compute_plugin::ComputePlugin>) -> Result<()>,
+    forward: impl FnOnce(&Arc<crate::compute_plugin::ComputePlugin>) -> Result<()>,
 ) -> *mut PJRT_Error {
     run_dispatch(name, || {
         // SAFETY: the PJRT contract; `checked_args` rejects null and short structs.
@@ -635,10 +635,9 @@ unsafe fn device_slot<T>(
         let field = device_field(raw);
         // SAFETY: a field the caller's struct covers (checked above).
         let device = unsafe { device_arg(field.read(), name, "device") }?;
-        let (Some(inner), Some(plugin)) = (
-            device.compute_device(),
-            crate::backend::compute_plugin::loaded(),
-        ) else {
+        let (Some(inner), Some(plugin)) =
+            (device.compute_device(), crate::compute_plugin::loaded())
+        else {
             // SAFETY: our entry, with the caller's args.
             return Ok(Dispatch::Ours(unsafe { ours(raw) }));
         };
@@ -660,7 +659,7 @@ macro_rules! device_forward {
         $(#[$meta])*
         pub(crate) unsafe extern "C" fn $slot(raw: *mut $args) -> *mut PJRT_Error {
             let required = crate::struct_size_through!($args, $through);
-            let forward = |plugin: &Arc<crate::backend::compute_plugin::ComputePlugin>| {
+            let forward = |plugin: &Arc<crate::compute_plugin::ComputePlugin>| {
                 crate::inner_call!(plugin.as_ref(), $slot, raw)
             };
             // SAFETY: the caller's args struct; `device_slot` checks it.

@@ -16,11 +16,11 @@ use std::ffi::c_void;
 use once_cell::sync::OnceCell;
 
 use super::{inner_device, run_dispatch, substitute, Dispatch};
-use crate::backend::compute_plugin::ComputePlugin;
+use crate::compute_plugin::ComputePlugin;
 use crate::ffi::args::client_arg;
-use crate::ffi::bindings::*;
 use crate::ffi::boundary::checked_args;
 use crate::ffi::handles::{route, DescriptionHandle, Route};
+use crate::pjrt::bindings::*;
 use crate::status::unimplemented;
 
 type Entry = unsafe extern "C" fn(*mut c_void) -> *mut PJRT_Error;
@@ -101,7 +101,7 @@ unsafe extern "C" fn memory_descriptions(raw: *mut c_void) -> *mut PJRT_Error {
                         "{F}: an embedded crosshost device has one memory, \"device\""
                     ))
                 })?;
-                let plugin = crate::backend::compute_plugin::loaded()
+                let plugin = crate::compute_plugin::loaded()
                     .ok_or_else(|| unimplemented(format!("{F}: no compute plugin")))?;
                 // SAFETY: restored when the guard drops.
                 let guard = unsafe {
@@ -129,7 +129,7 @@ unsafe extern "C" fn stream_for_device(raw: *mut c_void) -> *mut PJRT_Error {
         unsafe { checked_args(args, F, std::mem::size_of::<StreamArgs>()) }?;
         // SAFETY: as above; a live device per the contract.
         let inner = unsafe { inner_device((*args).device, F, "device") }?;
-        let plugin = crate::backend::compute_plugin::loaded()
+        let plugin = crate::compute_plugin::loaded()
             .ok_or_else(|| unimplemented(format!("{F}: no compute plugin")))?;
         // SAFETY: restored when the guard drops.
         let _device = unsafe { substitute(std::ptr::addr_of_mut!((*args).device), inner) };

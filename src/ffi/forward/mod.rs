@@ -25,10 +25,10 @@ pub(crate) mod translated;
 use std::sync::Arc;
 
 use super::args::{client_arg, device_arg, memory_arg, null_field};
-use super::bindings::*;
 use super::boundary::catch_entry;
 use super::handles::{device_of_compute, is_ours, memory_of_compute, ClientHandle};
-use crate::backend::compute_plugin::{self, ComputeClient, ComputePlugin};
+use crate::compute_plugin::{self, ComputeClient, ComputePlugin};
+use crate::pjrt::bindings::*;
 use crate::status::{internal, invalid_argument, Result};
 
 /// What a routing entry did.

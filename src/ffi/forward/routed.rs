@@ -6,11 +6,11 @@
 #![allow(non_snake_case)]
 
 use super::{foreign_only, run_dispatch, Dispatch};
-use crate::backend::compute_plugin;
-use crate::ffi::bindings::*;
+use crate::compute_plugin;
 use crate::ffi::boundary::checked_args;
 use crate::ffi::handles::{route, BufferHandle, Castable, DescriptionHandle, EventHandle, Route};
 use crate::ffi::{buffer, device, events, unimplemented};
+use crate::pjrt::bindings::*;
 
 macro_rules! routed_entry {
     ($slot:ident, $args:ident, $field:ident, ours $H:ty => $ours:path) => {

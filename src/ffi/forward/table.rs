@@ -4,8 +4,8 @@
 //! that the lists cover every slot of the header exactly once, and
 //! `tests/forwarding_table.rs` calls every routed and delegated slot against
 //! a recording compute plugin.
-use crate::ffi::bindings::*;
 use crate::ffi::{client, device, error_entries, events, jax_support, memory, plugin};
+use crate::pjrt::bindings::*;
 
 /// Whose a slot is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,13 +17,13 @@ use super::{
     run_dispatch, substitute, Dispatch,
 };
 use crate::api::device_ids::{map_compile_options, map_device_assignment, DeviceIdMap};
-use crate::backend::compute_plugin::{self, take_inner_error, ComputePlugin, InnerPtr};
+use crate::compute_plugin::{self, take_inner_error, ComputePlugin, InnerPtr};
 use crate::ffi::args::null_field;
-use crate::ffi::bindings::*;
 use crate::ffi::boundary::checked_args;
 use crate::ffi::errors::error_into_raw;
 use crate::ffi::handles::{route, BufferHandle, Castable, EventHandle, Route};
 use crate::ffi::{buffer, events, unimplemented};
+use crate::pjrt::bindings::*;
 use crate::status::Result;
 
 /// Routes on an event/buffer field like `routed.rs`, then runs `forward`

@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::{ComputeClient, ComputeMemory, ComputePlugin, InnerPtr, UserArg};
-use crate::ffi::bindings::*;
+use crate::pjrt::bindings::*;
 use crate::status::{internal, Outcome, Result, Status};
 use crate::sync::{Future, PromiseOnce};
 

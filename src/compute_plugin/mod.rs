@@ -1,7 +1,9 @@
 #![allow(non_upper_case_globals)]
 //! The compute plugin: another PJRT plugin (XLA's CPU plugin here, XLA's CUDA
 //! plugin on GPU machines) that compiles and runs programs for a delegating
-//! crosshost client (docs/DESIGN.md §11).
+//! crosshost client (docs/DESIGN.md §11). This is the outbound side of the C
+//! boundary, the mirror of `ffi/`: there others call our `PJRT_Api`, here we
+//! call another plugin's.
 //!
 //! One compute plugin per process, loaded once and never unloaded (an XLA
 //! plugin keeps threads that outlive any client). Its path comes, in order,
@@ -28,7 +30,8 @@ use std::sync::Arc;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
-use crate::ffi::bindings::*;
+use crate::pjrt::bindings::*;
+use crate::pjrt::named_values::{copy_named_values, NamedValue};
 use crate::status::{failed_precondition, invalid_argument, Result, Status};
 
 pub use buffers::{
@@ -91,7 +94,7 @@ const REQUIRED: &[(&str, usize)] = &[
 macro_rules! inner_fn {
     ($plugin:expr, $name:ident) => {
         $plugin.slot(
-            std::mem::offset_of!($crate::ffi::bindings::PJRT_Api, $name),
+            std::mem::offset_of!($crate::pjrt::bindings::PJRT_Api, $name),
             // SAFETY: `slot` checked that the inner table covers this field;
             // the table lives as long as the (never unloaded) library.
             |api| unsafe { std::ptr::addr_of!((*api).$name).read() },
@@ -106,7 +109,7 @@ macro_rules! inner_fn {
 #[doc(hidden)]
 macro_rules! inner_call {
     ($plugin:expr, $name:ident, $args:expr) => {{
-        let plugin: &$crate::backend::compute_plugin::ComputePlugin = $plugin;
+        let plugin: &$crate::compute_plugin::ComputePlugin = $plugin;
         match $crate::inner_fn!(plugin, $name).flatten() {
             // SAFETY: the function of the plugin's own table, called with an
             // args struct laid out by the header both sides share.
@@ -124,16 +127,6 @@ pub enum PluginFamily {
     Gpu,
 }
 
-/// A plugin attribute, copied out of the inner plugin.
-#[derive(Clone, Debug, PartialEq)]
-pub enum AttributeValue {
-    Str(String),
-    Int(i64),
-    IntList(Vec<i64>),
-    Float(f32),
-    Bool(bool),
-}
-
 /// A loaded compute plugin. Lives for the rest of the process.
 pub struct ComputePlugin {
     path: PathBuf,
@@ -143,7 +136,7 @@ pub struct ComputePlugin {
     family: PluginFamily,
     extensions: Vec<*mut PJRT_Extension_Base>,
     initialized: OnceCell<std::result::Result<(), Status>>,
-    attributes: OnceCell<Vec<(String, AttributeValue)>>,
+    attributes: OnceCell<Vec<(String, NamedValue)>>,
     _library: libloading::Library,
 }
 
@@ -339,7 +332,7 @@ impl ComputePlugin {
 
     /// The inner plugin's attributes (`xla_version`, StableHLO versions...),
     /// copied once.
-    pub fn attributes(&self) -> &[(String, AttributeValue)] {
+    pub fn attributes(&self) -> &[(String, NamedValue)] {
         self.attributes.get_or_init(|| {
             let mut args = PJRT_Plugin_Attributes_Args {
                 struct_size: PJRT_Plugin_Attributes_Args_STRUCT_SIZE as usize,
@@ -354,57 +347,6 @@ impl ComputePlugin {
             unsafe { copy_named_values(args.attributes, args.num_attributes) }
         })
     }
-}
-
-/// Copies a `PJRT_NamedValue` array the inner plugin owns.
-///
-/// # Safety
-/// `values` must be null or point to `count` valid named values.
-pub(crate) unsafe fn copy_named_values(
-    values: *const PJRT_NamedValue,
-    count: usize,
-) -> Vec<(String, AttributeValue)> {
-    if values.is_null() || count == 0 {
-        return Vec::new();
-    }
-    // SAFETY: forwarded contract.
-    let values = unsafe { std::slice::from_raw_parts(values, count) };
-    let text = |ptr: *const std::os::raw::c_char, len: usize| {
-        if ptr.is_null() || len == 0 {
-            String::new()
-        } else {
-            // SAFETY: a named value's pointers are valid for their sizes.
-            String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
-                .into_owned()
-        }
-    };
-    values
-        .iter()
-        .filter_map(|v| {
-            let name = text(v.name, v.name_size);
-            // SAFETY: `type_` selects the union member.
-            let value = unsafe {
-                match v.type_ {
-                    PJRT_NamedValue_kString => {
-                        AttributeValue::Str(text(v.__bindgen_anon_1.string_value, v.value_size))
-                    }
-                    PJRT_NamedValue_kInt64 => AttributeValue::Int(v.__bindgen_anon_1.int64_value),
-                    PJRT_NamedValue_kInt64List => {
-                        let p = v.__bindgen_anon_1.int64_array_value;
-                        AttributeValue::IntList(if p.is_null() || v.value_size == 0 {
-                            Vec::new()
-                        } else {
-                            std::slice::from_raw_parts(p, v.value_size).to_vec()
-                        })
-                    }
-                    PJRT_NamedValue_kFloat => AttributeValue::Float(v.__bindgen_anon_1.float_value),
-                    PJRT_NamedValue_kBool => AttributeValue::Bool(v.__bindgen_anon_1.bool_value),
-                    _ => return None,
-                }
-            };
-            Some((name, value))
-        })
-        .collect()
 }
 
 // ------------------------------ the process's one ----------------------------

@@ -3,12 +3,13 @@
 //! `compute.*` options, destroyed when the last holder lets go.
 use std::sync::Arc;
 
-use super::{inner_str, AttributeValue, ComputePlugin, InnerPtr};
-use crate::ffi::bindings::*;
+use super::{inner_str, ComputePlugin, InnerPtr};
+use crate::pjrt::bindings::*;
+use crate::pjrt::named_values::{copy_named_values, NamedValue, NamedValues};
 use crate::status::{internal, Result};
 
 /// Create options for the inner client, in the order given.
-pub type InnerOptions = Vec<(String, AttributeValue)>;
+pub type InnerOptions = Vec<(String, NamedValue)>;
 
 /// One memory space of an inner device.
 #[derive(Clone, Debug)]
@@ -31,7 +32,7 @@ pub struct ComputeDevice {
     pub local_hardware_id: i32,
     pub kind: String,
     /// Its description's attributes.
-    pub attributes: Vec<(String, AttributeValue)>,
+    pub attributes: Vec<(String, NamedValue)>,
     pub memories: Vec<ComputeMemory>,
     /// Index of the default memory in `memories`.
     pub default_memory: usize,
@@ -65,49 +66,6 @@ impl std::fmt::Debug for ComputeClient {
     }
 }
 
-/// Named values pointing into `options`, which must outlive the array.
-fn named_values(options: &InnerOptions) -> Vec<PJRT_NamedValue> {
-    options
-        .iter()
-        .map(|(name, value)| {
-            let mut v = PJRT_NamedValue {
-                struct_size: PJRT_NamedValue_STRUCT_SIZE as usize,
-                name: name.as_ptr() as *const _,
-                name_size: name.len(),
-                ..Default::default()
-            };
-            match value {
-                AttributeValue::Str(s) => {
-                    v.type_ = PJRT_NamedValue_kString;
-                    v.__bindgen_anon_1.string_value = s.as_ptr() as *const _;
-                    v.value_size = s.len();
-                }
-                AttributeValue::Int(i) => {
-                    v.type_ = PJRT_NamedValue_kInt64;
-                    v.__bindgen_anon_1.int64_value = *i;
-                    v.value_size = 1;
-                }
-                AttributeValue::IntList(list) => {
-                    v.type_ = PJRT_NamedValue_kInt64List;
-                    v.__bindgen_anon_1.int64_array_value = list.as_ptr();
-                    v.value_size = list.len();
-                }
-                AttributeValue::Float(x) => {
-                    v.type_ = PJRT_NamedValue_kFloat;
-                    v.__bindgen_anon_1.float_value = *x;
-                    v.value_size = 1;
-                }
-                AttributeValue::Bool(b) => {
-                    v.type_ = PJRT_NamedValue_kBool;
-                    v.__bindgen_anon_1.bool_value = *b;
-                    v.value_size = 1;
-                }
-            }
-            v
-        })
-        .collect()
-}
-
 /// Reads a `(pointer, count)` array of handles the inner plugin owns.
 fn handles<T>(ptr: *const *mut T, count: usize) -> Vec<InnerPtr> {
     if ptr.is_null() || count == 0 {
@@ -128,7 +86,8 @@ impl ComputeClient {
         options: &InnerOptions,
     ) -> Result<Arc<ComputeClient>> {
         plugin.initialize()?;
-        let values = named_values(options);
+        let values = NamedValues::new(options.clone());
+        let values = &values.values;
         let mut args = PJRT_Client_Create_Args {
             struct_size: PJRT_Client_Create_Args_STRUCT_SIZE as usize,
             create_options: values.as_ptr(),
@@ -302,7 +261,7 @@ impl ComputeClient {
             ) {
                 // SAFETY: the description's array, alive with the client.
                 Ok(()) => unsafe {
-                    super::copy_named_values(attributes.attributes, attributes.num_attributes)
+                    copy_named_values(attributes.attributes, attributes.num_attributes)
                 },
                 Err(_) => Vec::new(),
             };

@@ -4,7 +4,7 @@
 //! receiver's pool of pre-faulted segments (or a dedicated region).
 use std::sync::Arc;
 
-use super::{DeviceMemory, MemoryCounters};
+use crate::backend::{DeviceMemory, MemoryCounters};
 use crate::status::Result;
 use crate::transport::destination::WritableDestination;
 use crate::transport::shm_pool::ShmLease;

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use super::{ComputeClient, ComputePlugin, InnerPtr};
 use crate::backend::DeviceMemory;
-use crate::ffi::bindings::*;
+use crate::pjrt::bindings::*;
 use crate::status::{internal, Result};
 use crate::sync::Future;
 

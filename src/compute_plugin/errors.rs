@@ -5,7 +5,7 @@
 use std::os::raw::c_char;
 
 use super::ComputePlugin;
-use crate::ffi::bindings::*;
+use crate::pjrt::bindings::*;
 use crate::status::{Code, Status};
 
 /// Reads `error` through the inner plugin's functions and destroys it.

@@ -15,7 +15,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::InnerPtr;
-use crate::ffi::bindings::PJRT_Buffer;
+use crate::pjrt::bindings::PJRT_Buffer;
 use crate::status::{Outcome, Result, Status};
 use crate::sync::{Future, PromiseOnce};
 
