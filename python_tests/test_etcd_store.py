@@ -52,17 +52,8 @@ def test_v2_both_directions_over_etcd_leave_no_key(xh, jobs, etcd, server, trans
     options = {} if transport == "auto" else {"transport": transport}
     job = jobs("v2", **options)
     c = job.client
-    d0, d1 = c.addressable_devices()
-    p0, p1 = th.device_ids(c, 1)
     specs = peer.V2_SPECS
-    srcs = [th.upload(c, d0, s, th.make_data(s, peer.SEED_0 + i)) for i, s in enumerate(specs)]
-    evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
-    bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
-    for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
-        th.expect_ok(th.wait_event(e), f"send event {i}")
-        th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
-        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
-    job.result("v2")
+    job.exchange_v2(xh)
     (m,) = th.wait_keys_retired(c)
     total = sum(s.nbytes for s in specs)
     assert m["bytes_received"] == total and m["bytes_sent"] == total, m

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-import peer_process as peer
 import pjrt_ctypes as pc
 import transfer_helpers as th
 from etcd_server import Certificates, EtcdServer
@@ -77,18 +76,7 @@ def test_transfers_over_tls_with_rbac_keep_every_key_under_the_jobs_prefix(
     job = Job(api, server, "v2", options=access_a, store="etcd")
     try:
         c = job.client
-        d0, d1 = c.addressable_devices()
-        p0, p1 = th.device_ids(c, 1)
-        specs = peer.V2_SPECS
-        data = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
-        srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, data)]
-        evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
-        bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
-        for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
-            th.expect_ok(th.wait_event(e), f"send event {i}")
-            th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
-            th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
-        job.result("v2")
+        job.exchange_v2(xh)
         th.wait_keys_retired(c)
         # The session's keys were there, under the prefix, and nothing
         # outside it: job a's role could not have written there anyway.

@@ -94,6 +94,26 @@ class Job:
             ) from None
         assert r == "ok", f"peer step {step}: {r}"
 
+    def exchange_v2(self, xh) -> list:
+        """Our side of the peer's "v2" scenario: sends peer.V2_SPECS from our
+        first device to the peer's first and receives the peer's on our
+        second, checks every send event, buffer and byte, then the peer's
+        own result. Returns the received buffers, in V2_SPECS order."""
+        c = self.client
+        d0, d1 = c.addressable_devices()
+        p0, p1 = th.device_ids(c, 1)
+        specs = peer.V2_SPECS
+        datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
+        srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
+        evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
+        bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
+        for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
+            th.expect_ok(th.wait_event(e), f"send event {i}")
+            th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
+            th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
+        self.result("v2")
+        return bufs
+
     def finish(self) -> None:
         """Lets the child destroy its client and exit; checks its exit code."""
         self.ch.put("finish", b"1")
@@ -162,19 +182,9 @@ def test_v2_both_directions_between_processes(xh, job_factory, server, transport
     options = {} if transport == "auto" else {"transport": transport}
     job = job_factory("v2", options=options, with_delete=with_delete)
     c = job.client
-    d0, d1 = c.addressable_devices()
-    p0, p1 = th.device_ids(c, 1)  # the peer's two devices
     specs = peer.V2_SPECS
-    datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
-    srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
-    evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
-    bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
-    for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
-        th.expect_ok(th.wait_event(e), f"send event {i}")
-        th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
+    for b, s in zip(job.exchange_v2(xh), specs):
         assert b.dims() == s.dims and b.element_type() == s.type
-        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
-    job.result("v2")
     total = sum(s.nbytes for s in specs)
     if with_delete:
         (m,) = th.wait_keys_retired(c)
@@ -186,6 +196,8 @@ def test_v2_both_directions_between_processes(xh, job_factory, server, transport
     else:
         m = th.metrics(c)
         # pair (src p1 -> dst d1): we are the receiver
+        d1 = c.addressable_devices()[1]
+        p1 = th.device_ids(c, 1)[1]
         mine = plugin_keys(server, f".d{p1}-{d1.id()}/")
         assert m["retained_keys"] > 0, m
         assert m["retained_keys"] == len(mine), (m, mine)
@@ -258,18 +270,8 @@ def test_v2_both_directions_over_the_peer_store_leave_no_key_in_the_framework_st
     options = {} if transport == "auto" else {"transport": transport}
     job = job_factory("v2", options=options, store="peer")
     c = job.client
-    d0, d1 = c.addressable_devices()
-    p0, p1 = th.device_ids(c, 1)
     specs = peer.V2_SPECS
-    datas = [th.make_data(s, peer.SEED_0 + i) for i, s in enumerate(specs)]
-    srcs = [th.upload(c, d0, s, d) for s, d in zip(specs, datas)]
-    evs = xh.send(c, srcs, [p0] * len(specs), peer.V2_KEYS_0_TO_1)
-    bufs = xh.receive(c, d1, specs, [p1] * len(specs), peer.V2_KEYS_1_TO_0)
-    for i, (e, b, s) in enumerate(zip(evs, bufs, specs)):
-        th.expect_ok(th.wait_event(e), f"send event {i}")
-        th.expect_ok(th.buffer_status(b), f"receive buffer {i}")
-        th.assert_same_bytes(th.read_back(b, s), th.make_data(s, peer.SEED_1 + i), f"buf {i}")
-    job.result("v2")
+    job.exchange_v2(xh)
     (m,) = th.wait_keys_retired(c)
     # Receipt and descriptor of every buffer created and deleted for real...
     assert m["keys_created"] == 2 * len(specs), m
