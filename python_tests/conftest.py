@@ -11,6 +11,7 @@ plugin crash (segfault, abort) fails that one test instead of killing the run.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,40 @@ def library_path() -> Path:
 
 def header_dir() -> Path:
     return REPO / "pjrt_c_api"
+
+
+def compiled_c_table(
+    tmp_dir: Path, includes: list[str], body: list[str], include_dirs: tuple = ()
+) -> dict:
+    """Builds a C11 program against the PJRT header (and ``include_dirs``)
+    whose main runs ``body``, each line printing ``NAME KEY VALUE`` or
+    ``NAME VALUE``; runs it and returns {(NAME, KEY or ""): VALUE}. The C
+    compiler, not the ctypes mirror, is what knows the real layouts."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler (cc/gcc) found"
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        *(f'#include "{h}"' for h in includes),
+        "int main(void) {",
+        *body,
+        "  return 0;",
+        "}",
+    ]
+    src = tmp_dir / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_dir / "layout"
+    dirs = [a for d in (header_dir(), *include_dirs) for a in ("-I", str(d))]
+    r = subprocess.run(
+        [cc, "-std=c11", *dirs, str(src), "-o", str(exe)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, "layout program did not compile:\n" + r.stderr[-4000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    table = {}
+    for line in out.splitlines():
+        name, *key, value = line.split()
+        table[(name, key[0] if key else "")] = int(value)
+    return table
 
 
 def pytest_configure(config):

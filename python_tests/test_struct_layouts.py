@@ -4,16 +4,12 @@ the PJRT_Api slot list (names and order) parsed from the header."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 import pjrt_ctypes as pc
-from conftest import header_dir
+from conftest import compiled_c_table, header_dir
 
 HEADER = header_dir() / "xla" / "pjrt" / "c" / "pjrt_c_api.h"
 
@@ -32,36 +28,15 @@ def _layout_rows(cls):
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory) -> dict:
     assert HEADER.is_file(), f"{HEADER} missing: run scripts/fetch-pjrt-header.sh (make setup)"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler (cc/gcc) found"
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        '#include "xla/pjrt/c/pjrt_c_api.h"',
-        "int main(void) {",
-    ]
+    body = []
     for cname, cls in pc.STRUCTS.items():
-        lines.append(f'  printf("{cname} STRUCT_SIZE %zu\\n", (size_t){cname}_STRUCT_SIZE);')
-        lines.append(f'  printf("{cname} SIZEOF %zu\\n", sizeof({cname}));')
+        body.append(f'  printf("{cname} STRUCT_SIZE %zu\\n", (size_t){cname}_STRUCT_SIZE);')
+        body.append(f'  printf("{cname} SIZEOF %zu\\n", sizeof({cname}));')
         for field, _ in _layout_rows(cls):
-            lines.append(f'  printf("{cname} .{field} %zu\\n", offsetof({cname}, {field}));')
-    lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("layout")
-    src = d / "layout.c"
-    src.write_text("\n".join(lines) + "\n")
-    exe = d / "layout"
-    r = subprocess.run(
-        [cc, "-std=c11", "-I", str(header_dir()), str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
+            body.append(f'  printf("{cname} .{field} %zu\\n", offsetof({cname}, {field}));')
+    return compiled_c_table(
+        tmp_path_factory.mktemp("layout"), ["xla/pjrt/c/pjrt_c_api.h"], body
     )
-    assert r.returncode == 0, "layout program did not compile:\n" + r.stderr[-4000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    table = {}
-    for line in out.splitlines():
-        cname, key, value = line.split()
-        table[(cname, key)] = int(value)
-    return table
 
 
 @pytest.mark.parametrize("cname", sorted(pc.STRUCTS))

@@ -5,57 +5,32 @@ ABI document's struct sizes hold."""
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
 
 import pytest
 
 import pjrt_ctypes as pc
-from conftest import REPO, header_dir
+from conftest import REPO, compiled_c_table
 
 
 @pytest.fixture(scope="module")
 def c_layout(tmp_path_factory) -> dict:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler (cc/gcc) found"
-    lines = [
-        "#include <stdio.h>",
-        "#include <stddef.h>",
-        '#include "xla/pjrt/c/pjrt_c_api.h"',
-        '#include "pjrt_crosshost.h"',
-        "int main(void) {",
-    ]
+    body = []
     for cname, cls in pc.XH_STRUCTS.items():
-        lines.append(f"#ifdef {cname}_STRUCT_SIZE")
-        lines.append(f'  printf("{cname} STRUCT_SIZE %zu\\n", (size_t){cname}_STRUCT_SIZE);')
-        lines.append("#endif")
-        lines.append(f'  printf("{cname} SIZEOF %zu\\n", sizeof({cname}));')
+        body.append(f"#ifdef {cname}_STRUCT_SIZE")
+        body.append(f'  printf("{cname} STRUCT_SIZE %zu\\n", (size_t){cname}_STRUCT_SIZE);')
+        body.append("#endif")
+        body.append(f'  printf("{cname} SIZEOF %zu\\n", sizeof({cname}));')
         for field, *_ in cls._fields_:
-            lines.append(f'  printf("{cname} .{field} %zu\\n", offsetof({cname}, {field}));')
-    lines.append(
+            body.append(f'  printf("{cname} .{field} %zu\\n", offsetof({cname}, {field}));')
+    body.append(
         '  printf("KV_DELETE_TYPE %d\\n", (int)PJRT_CROSSHOST_EXTENSION_TYPE_KV_DELETE);'
     )
-    lines += ["  return 0;", "}"]
-    d = tmp_path_factory.mktemp("xh_layout")
-    src = d / "layout.c"
-    src.write_text("\n".join(lines) + "\n")
-    exe = d / "layout"
-    r = subprocess.run(
-        [cc, "-std=c11", "-I", str(header_dir()), "-I", str(REPO / "include"), str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
+    return compiled_c_table(
+        tmp_path_factory.mktemp("xh_layout"),
+        ["xla/pjrt/c/pjrt_c_api.h", "pjrt_crosshost.h"],
+        body,
+        include_dirs=(REPO / "include",),
     )
-    assert r.returncode == 0, "layout program did not compile:\n" + r.stderr[-4000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    table = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            table[(parts[0], "")] = int(parts[1])
-        else:
-            table[(parts[0], parts[1])] = int(parts[2])
-    return table
 
 
 @pytest.mark.parametrize("cname", sorted(pc.XH_STRUCTS))
