@@ -129,3 +129,14 @@ status_constructors! {
     unauthenticated => Unauthenticated,
     permission_denied => PermissionDenied,
 }
+
+/// What a caught panic said, for the error that reports it.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -30,7 +30,7 @@ use std::ptr;
 
 use super::errors::error_into_raw;
 use crate::pjrt::bindings::PJRT_Error;
-use crate::status::{internal, invalid_argument, Result, Status};
+use crate::status::{internal, invalid_argument, panic_message, Result, Status};
 
 /// The `PJRT_Error*` boundary: `Ok(error)` is returned as it is (null for
 /// success), `Err` becomes a `PJRT_Error`, a panic INTERNAL naming the
@@ -48,7 +48,7 @@ pub(crate) fn catch_entry(
             error_into_raw(status)
         }
         Err(panic) => {
-            let what = panic_message(&panic);
+            let what = panic_message(&*panic);
             log::error!(
                 target: log_target,
                 "{name}: internal panic caught at the C boundary: {what}"
@@ -62,16 +62,6 @@ pub(crate) fn catch_entry(
 /// INTERNAL naming the function (see `catch_entry`).
 pub(crate) fn run_entry(name: &'static str, body: impl FnOnce() -> Result<()>) -> *mut PJRT_Error {
     catch_entry(name, module_path!(), || body().map(|()| ptr::null_mut()))
-}
-
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
 }
 
 /// The boundary of a function with no error channel: `body`'s value, or
@@ -132,7 +122,7 @@ pub(crate) unsafe fn run_callback_entry<T, C: Callback<T>>(
         log::error!(
             target: log_target,
             "{name}: internal panic caught at the C boundary: {}",
-            panic_message(&panic)
+            panic_message(&*panic)
         );
     }
 }

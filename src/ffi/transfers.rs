@@ -14,7 +14,7 @@ use super::args::{
     array, buffer_arg, check_default_layout, client_arg, device_arg, event_arg, null_field,
     read_dims, read_str,
 };
-use super::boundary::{panic_message, Callback};
+use super::boundary::Callback;
 use super::errors::{error_into_raw, take_error};
 use super::handles::{into_raw, route, try_take, BufferHandle, ClientHandle, EventHandle, Route};
 use crate::api::client::Client;
@@ -22,6 +22,7 @@ use crate::api::element_type::{ElementType, Shape};
 use crate::api::transfers::{PeerIncarnations, ReceiveSpec, ReceivedBuffer, SourceBuffer};
 use crate::compute_plugin::InnerPtr;
 use crate::pjrt::bindings::*;
+use crate::status::panic_message;
 use crate::status::{invalid_argument, Code, Result, Status};
 
 const MAKE: &str = "PJRT_Transfers_PJRT_Client_MakeCrossHostReceiveBuffers";
@@ -281,7 +282,7 @@ unsafe extern "C" fn cancel_notifier(
         Ok(Err(status)) => error_into_raw(status),
         Err(panic) => error_into_raw(crate::status::internal(format!(
             "{F}: internal error (panic: {})",
-            panic_message(&panic)
+            panic_message(&*panic)
         ))),
     };
     match on_canceled {

@@ -5,7 +5,10 @@ use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use super::*;
+use crate::status::Code;
 
 #[derive(Default)]
 struct Recorder {

@@ -1,0 +1,218 @@
+//! Device memory from `cuMemAlloc`, and copies between devices.
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::result;
+use cudarc::driver::sys;
+use once_cell::sync::OnceCell;
+
+use crate::backend::{DeviceMemory, MemoryCounters};
+use crate::status::{self, Result};
+
+use super::*;
+
+/// One `cuMemAlloc` allocation, zero-initialised, freed when dropped (that
+/// is, when the last buffer or transfer holding it lets go).
+pub struct CudaMemory {
+    pub(super) device: Arc<CudaDevice>,
+    /// 0 for a zero-sized allocation (the driver refuses those).
+    pub(super) pointer: sys::CUdeviceptr,
+    pub(super) len: usize,
+    pub(super) counters: Arc<MemoryCounters>,
+    pub(super) ipc_handle: OnceCell<[u8; IPC_HANDLE_LEN]>,
+}
+
+impl fmt::Debug for CudaMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CudaMemory({} bytes at {:#x} on device {})",
+            self.len, self.pointer, self.device.ordinal
+        )
+    }
+}
+
+impl CudaMemory {
+    pub fn allocate(
+        device: Arc<CudaDevice>,
+        len: usize,
+        counters: Arc<MemoryCounters>,
+    ) -> Result<CudaMemory> {
+        let pointer = if len == 0 {
+            0
+        } else {
+            device.activate()?;
+            // SAFETY: a plain allocation in the (current) primary context;
+            // the pointer is owned by the returned object and freed in drop.
+            let pointer = unsafe { result::malloc_sync(len) }.map_err(|e| {
+                driver_error(
+                    &format!("cuMemAlloc of {len} bytes on device {}", device.ordinal),
+                    e,
+                )
+            })?;
+            // Zero it like the host backend does, so that no previous
+            // process's or buffer's bytes are ever visible.
+            // SAFETY: `pointer` holds `len` bytes; the stream belongs to the
+            // same context.
+            let zeroed = unsafe { result::memset_d8_async(pointer, 0, len, device.stream) }
+                .map_err(|e| driver_error("cuMemsetD8Async", e))
+                .and_then(|()| device.synchronize("cuMemsetD8Async"));
+            if let Err(e) = zeroed {
+                // SAFETY: allocated just above, not shared with anyone.
+                let _ = unsafe { result::memory_free(pointer) };
+                return Err(e);
+            }
+            pointer
+        };
+        counters.allocated(len);
+        Ok(CudaMemory {
+            device,
+            pointer,
+            len,
+            counters,
+            ipc_handle: OnceCell::new(),
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    pub(super) fn check(&self, offset: usize, n: usize, what: &str) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(status::out_of_range(format!(
+                "{what} of {n} bytes at offset {offset} exceeds the {}-byte CUDA allocation",
+                self.len
+            ))),
+        }
+    }
+
+    /// The allocation's CUDA IPC handle (exported once, then remembered).
+    /// `FAILED_PRECONDITION` for a zero-sized allocation, which has no
+    /// device memory to share.
+    pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_LEN]> {
+        if self.len == 0 {
+            return Err(status::failed_precondition(
+                "a zero-sized CUDA allocation has no IPC handle",
+            ));
+        }
+        self.ipc_handle
+            .get_or_try_init(|| {
+                self.device.activate()?;
+                let mut handle = sys::CUipcMemHandle {
+                    reserved: [0; IPC_HANDLE_LEN],
+                };
+                // SAFETY: `pointer` is a live cuMemAlloc allocation of this
+                // context and `handle` is a valid out-parameter.
+                unsafe { sys::cuIpcGetMemHandle(&mut handle, self.pointer) }
+                    .result()
+                    .map_err(|e| driver_error("cuIpcGetMemHandle", e))?;
+                Ok(handle.reserved.map(|b| b as u8))
+            })
+            .copied()
+    }
+}
+
+impl DeviceMemory for CudaMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len(), "read")?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.device.activate()?;
+        // SAFETY: [offset, offset + dst.len()) lies inside the allocation
+        // (checked); `dst` stays borrowed until the stream synchronization
+        // below, after which the copy is complete.
+        unsafe { result::memcpy_dtoh_async(dst, self.pointer + offset as u64, self.device.stream) }
+            .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))?;
+        self.device.synchronize("cuMemcpyDtoHAsync")
+    }
+
+    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len(), "write")?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.device.activate()?;
+        // SAFETY: [offset, offset + src.len()) lies inside the allocation
+        // (checked); `src` stays borrowed until the synchronization below.
+        unsafe { result::memcpy_htod_async(self.pointer + offset as u64, src, self.device.stream) }
+            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
+        self.device.synchronize("cuMemcpyHtoDAsync")
+    }
+
+    fn address(&self) -> usize {
+        self.pointer as usize
+    }
+
+    fn is_host_memory(&self) -> bool {
+        false
+    }
+
+    fn as_cuda(&self) -> Option<&CudaMemory> {
+        Some(self)
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        if self.pointer != 0 {
+            // Every copy of this process touching the allocation was
+            // synchronized before its call returned, so nothing is in flight
+            // on our streams. A sender in another process that still has the
+            // allocation mapped through IPC is not waited for: the receive
+            // holds the memory until its outcome is published (a sender's
+            // bytes land before its receipt), but after a cancellation or a
+            // timeout the buffer may be freed while a late sender still
+            // copies; what the driver does then is not documented.
+            let freed = self.device.activate().and_then(|()| {
+                // SAFETY: allocated by cuMemAlloc in `allocate`, freed only
+                // here, no copy in flight (see above).
+                unsafe { result::memory_free(self.pointer) }
+                    .map_err(|e| driver_error("cuMemFree", e))
+            });
+            if let Err(e) = freed {
+                log::error!("freeing {} CUDA bytes: {e}", self.len);
+            }
+        }
+        self.counters.freed(self.len);
+    }
+}
+
+/// Copies all of `src` into `dst` at `dst_offset`, both in this process, on
+/// `dst`'s device stream (a peer copy when the devices differ).
+pub fn copy_device_to_device(src: &CudaMemory, dst: &CudaMemory, dst_offset: usize) -> Result<()> {
+    dst.check(dst_offset, src.len, "device-to-device copy")?;
+    if src.len == 0 {
+        return Ok(());
+    }
+    let target = dst.pointer + dst_offset as u64;
+    let stream = dst.device.stream;
+    dst.device.activate()?;
+    let copied = if Arc::ptr_eq(&src.device, &dst.device) {
+        // SAFETY: both ranges are live allocations of this context, inside
+        // bounds (checked); synchronized below before they can be freed.
+        unsafe { result::memcpy_dtod_async(target, src.pointer, src.len, stream) }
+            .map_err(|e| driver_error("cuMemcpyDtoDAsync", e))
+    } else {
+        // SAFETY: as above, each pointer with the context it belongs to.
+        unsafe {
+            result::memcpy_peer_async(
+                dst.device.context,
+                target,
+                src.device.context,
+                src.pointer,
+                src.len,
+                stream,
+            )
+        }
+        .map_err(|e| driver_error("cuMemcpyPeerAsync", e))
+    };
+    copied?;
+    dst.device.synchronize("device-to-device copy")
+}

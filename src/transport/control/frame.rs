@@ -1,0 +1,129 @@
+//! The control links' frames (see the module comment of `control`) and the
+//! stream types they travel on.
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use crate::status::Status;
+
+/// Frames larger than this are refused (a descriptor or receipt is a few
+/// hundred bytes).
+pub const MAX_FRAME: usize = 1 << 20;
+
+pub(super) const OP_HELLO: u8 = 1;
+pub(super) const OP_SET: u8 = 2;
+pub(super) const OP_DELETE: u8 = 3;
+pub(super) const OP_ACK: u8 = 0x80;
+pub(super) const OP_NACK: u8 = 0x81;
+
+pub(super) trait Stream: Read + Write + Send + Sync {
+    fn shutdown_both(&self);
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()>;
+}
+
+impl Stream for UnixStream {
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(read)?;
+        self.set_write_timeout(write)
+    }
+}
+
+impl Stream for TcpStream {
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+        self.set_nodelay(true)?;
+        self.set_read_timeout(read)?;
+        self.set_write_timeout(write)
+    }
+}
+
+pub(super) fn frame(op: u8, id: u64, payload: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + 8 + payload.iter().map(|p| p.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.push(op);
+    out.extend_from_slice(&id.to_le_bytes());
+    for p in payload {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// Reads one frame: `(op, id, payload)`. `deadline` bounds the whole frame.
+pub(super) fn read_frame(
+    stream: &mut dyn Stream,
+    deadline: Option<Instant>,
+) -> io::Result<(u8, u64, Vec<u8>)> {
+    let mut header = [0u8; 13];
+    read_exact_by(stream, &mut header, deadline)?;
+    let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+    if !(9..=MAX_FRAME).contains(&len) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame length {len}"),
+        ));
+    }
+    let op = header[4];
+    let id = u64::from_le_bytes(header[5..13].try_into().expect("8 bytes"));
+    let mut payload = vec![0u8; len - 9];
+    read_exact_by(stream, &mut payload, deadline)?;
+    Ok((op, id, payload))
+}
+
+/// `read_exact`, with one deadline for all of it (a peer trickling a byte at
+/// a time cannot extend it).
+pub(super) fn read_exact_by(
+    stream: &mut dyn Stream,
+    mut buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "control frame deadline",
+                ));
+            }
+            stream.set_timeouts(Some(left), None)?;
+        }
+        match stream.read(buf) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "control link closed",
+                ))
+            }
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn split_key(payload: &[u8]) -> Option<(&str, &[u8])> {
+    let len = u16::from_le_bytes(payload.get(0..2)?.try_into().ok()?) as usize;
+    let key = std::str::from_utf8(payload.get(2..2 + len)?).ok()?;
+    Some((key, &payload[2 + len..]))
+}
+
+pub(super) fn nack_payload(status: &Status) -> Vec<u8> {
+    let mut out = (status.code as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(status.message.as_bytes());
+    out
+}

@@ -1,0 +1,371 @@
+//! A control link to one peer: pipelined requests, each answered by an ack
+//! that the link's reader thread hands to the waiting request.
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::TcpStream;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Sender};
+use parking_lot::Mutex;
+
+use crate::status::{self, Code, Result, Status};
+use crate::sync::{DeadlineTimer, TimerId};
+
+use super::frame::*;
+use super::secret::*;
+use super::{spawn, ControlEndpoint};
+
+/// Who waits for a request's ack.
+enum Waiter {
+    Blocking(Sender<Result<()>>),
+    Callback(Box<dyn FnOnce(Result<()>) + Send>, Option<TimerId>),
+}
+
+impl Waiter {
+    fn complete(self, outcome: Result<()>, timer: &DeadlineTimer) {
+        match self {
+            Waiter::Blocking(sender) => {
+                let _ = sender.send(outcome);
+            }
+            Waiter::Callback(done, deadline) => {
+                if let Some(id) = deadline {
+                    timer.cancel(id);
+                }
+                done(outcome);
+            }
+        }
+    }
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
+
+/// One process's link to a peer: requests pipelined on one connection, acks
+/// read by its own thread.
+pub struct ControlLink {
+    peer: u32,
+    writer: Mutex<Box<dyn Stream>>,
+    waiters: Waiters,
+    /// Bounds the asynchronous requests' waits.
+    timer: Arc<DeadlineTimer>,
+    next_id: AtomicU64,
+    broken: Arc<AtomicBool>,
+    /// Set before `Drop` shuts the connection down.
+    dropping: Arc<AtomicBool>,
+    /// Told once when the peer's end closed (reader or writer noticed).
+    on_closed: Option<LinkClosed>,
+    reported: Arc<AtomicBool>,
+    timeout: Duration,
+    reader: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Called with the peer when its end of a link closed (it exited or died).
+pub type LinkClosed = Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Tells `on_closed` once that `peer`'s end closed, unless we are the ones
+/// closing the link.
+pub(super) fn report_closed(
+    peer: u32,
+    on_closed: &Option<LinkClosed>,
+    dropping: &AtomicBool,
+    reported: &AtomicBool,
+) {
+    if dropping.load(Ordering::Acquire) || reported.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    if let Some(on_closed) = on_closed {
+        on_closed(peer);
+    }
+}
+
+impl std::fmt::Debug for ControlLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ControlLink(to process {})", self.peer)
+    }
+}
+
+impl ControlLink {
+    /// Connects to `endpoint` (the Unix socket when `same_host`, else TCP)
+    /// and authenticates as process `me`.
+    pub fn connect(
+        peer: u32,
+        endpoint: &ControlEndpoint,
+        same_host: bool,
+        me: u32,
+        secret: Secret,
+        timeout: Duration,
+        on_closed: Option<LinkClosed>,
+    ) -> Result<Arc<ControlLink>> {
+        let unavailable = |e: io::Error| {
+            if same_host {
+                return status::unavailable(format!(
+                    "control link to process {peer} on this host (Unix socket {}): {e}",
+                    endpoint.unix_name
+                ));
+            }
+            let tcp = endpoint.tcp;
+            if e.kind() == io::ErrorKind::ConnectionRefused {
+                // The host answered: nothing listens there (any more).
+                return status::unavailable(format!(
+                    "process {peer} does not answer at {tcp}, the address it advertised ({e}): it \
+                     exited or destroyed its client"
+                ));
+            }
+            status::unavailable(format!(
+                "cannot reach process {peer} at {tcp}, the address it advertised, for its control link: \
+                 {e}; if this host cannot reach {}, give process {peer} the create option \
+                 advertise_address=<an address of its host that this host can reach> (from JAX: \
+                 PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)",
+                tcp.ip()
+            ))
+        };
+        let mut stream: Box<dyn Stream> = if same_host {
+            let addr =
+                UnixAddr::from_abstract_name(endpoint.unix_name.as_bytes()).map_err(unavailable)?;
+            Box::new(UnixStream::connect_addr(&addr).map_err(unavailable)?)
+        } else {
+            Box::new(TcpStream::connect_timeout(&endpoint.tcp, timeout).map_err(unavailable)?)
+        };
+        stream
+            .set_timeouts(Some(timeout), Some(timeout))
+            .map_err(unavailable)?;
+        let mut hello = secret.0.to_vec();
+        hello.extend_from_slice(&me.to_le_bytes());
+        stream
+            .write_all(&frame(OP_HELLO, 0, &[&hello]))
+            .map_err(unavailable)?;
+        match read_frame(&mut *stream, Some(Instant::now() + timeout)).map_err(unavailable)? {
+            (OP_ACK, _, _) => {}
+            (_, _, payload) => {
+                return Err(status::unauthenticated(format!(
+                    "control link to process {peer}: refused ({})",
+                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
+                )))
+            }
+        }
+        stream
+            .set_timeouts(None, Some(timeout))
+            .map_err(unavailable)?;
+        let mut reader = stream.try_clone_box().map_err(unavailable)?;
+        let link = Arc::new(ControlLink {
+            peer,
+            writer: Mutex::new(stream),
+            waiters: Arc::default(),
+            timer: Arc::new(DeadlineTimer::new("crosshost-ctl-deadline")),
+            next_id: AtomicU64::new(1),
+            broken: Arc::new(AtomicBool::new(false)),
+            dropping: Arc::new(AtomicBool::new(false)),
+            on_closed: on_closed.clone(),
+            reported: Arc::new(AtomicBool::new(false)),
+            timeout,
+            reader: Mutex::new(None),
+        });
+        let waiters = link.waiters.clone();
+        let broken = link.broken.clone();
+        let dropping = link.dropping.clone();
+        let reported = link.reported.clone();
+        let timer = link.timer.clone();
+        let handle = spawn("crosshost-ctl-acks", move || loop {
+            match read_frame(&mut *reader, None) {
+                Ok((op, id, payload)) => {
+                    let outcome = match op {
+                        OP_ACK => Ok(()),
+                        _ => {
+                            let code = payload
+                                .get(0..4)
+                                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                                .unwrap_or(2);
+                            Err(Status::new(
+                                Code::from_raw(code as i32),
+                                format!(
+                                    "process {peer} refused: {}",
+                                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
+                                ),
+                            ))
+                        }
+                    };
+                    let waiter = waiters.lock().remove(&id);
+                    if let Some(waiter) = waiter {
+                        waiter.complete(outcome, &timer);
+                    }
+                }
+                Err(_) => {
+                    broken.store(true, Ordering::Release);
+                    // The peer's loss is reported before its waiting requests
+                    // fail, so what they do on failure (retire a receive,
+                    // delete its keys) already knows the peer is gone. Our
+                    // own drop closes the link too; that is no news.
+                    report_closed(peer, &on_closed, &dropping, &reported);
+                    let waiting: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
+                    for waiter in waiting {
+                        waiter.complete(
+                            Err(status::unavailable(format!(
+                                "control link to process {peer} closed"
+                            ))),
+                            &timer,
+                        );
+                    }
+                    return;
+                }
+            }
+        })?;
+        *link.reader.lock() = Some(handle);
+        Ok(link)
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
+    fn check_size(key: &str, value: &[u8]) -> Result<()> {
+        if key.len() > u16::MAX as usize || key.len() + value.len() + 16 > MAX_FRAME {
+            return Err(status::invalid_argument(format!(
+                "control link: key or value too large ({} + {} bytes)",
+                key.len(),
+                value.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends a request whose ack goes to `waiter`. If it could not be
+    /// written, the waiter comes back with the error (nobody will answer it).
+    fn send(
+        &self,
+        id: u64,
+        op: u8,
+        key: &str,
+        value: &[u8],
+        waiter: Waiter,
+    ) -> std::result::Result<u64, (Status, Waiter)> {
+        if let Err(e) = Self::check_size(key, value) {
+            return Err((e, waiter));
+        }
+        self.waiters.lock().insert(id, waiter);
+        let message = frame(
+            op,
+            id,
+            &[&(key.len() as u16).to_le_bytes(), key.as_bytes(), value],
+        );
+        let written = self.writer.lock().write_all(&message);
+        let failure = match written {
+            Err(e) => {
+                self.broken.store(true, Ordering::Release);
+                report_closed(self.peer, &self.on_closed, &self.dropping, &self.reported);
+                Some(status::unavailable(format!(
+                    "control link to process {}: write failed: {e}",
+                    self.peer
+                )))
+            }
+            Ok(()) if self.is_broken() => Some(status::unavailable(format!(
+                "control link to process {} closed",
+                self.peer
+            ))),
+            Ok(()) => None,
+        };
+        match failure {
+            None => Ok(id),
+            Some(e) => match self.waiters.lock().remove(&id) {
+                Some(waiter) => Err((e, waiter)),
+                // The reader already answered it (the link broke after the
+                // write): that answer stands.
+                None => Ok(id),
+            },
+        }
+    }
+
+    fn request(&self, op: u8, key: &str, value: &[u8]) -> Result<()> {
+        let (tx, rx) = bounded(1);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self
+            .send(id, op, key, value, Waiter::Blocking(tx))
+            .map_err(|(e, _)| e)?;
+        match rx.recv_timeout(self.timeout) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                self.waiters.lock().remove(&id);
+                Err(status::deadline_exceeded(format!(
+                    "control link to process {}: no answer within {:?}",
+                    self.peer, self.timeout
+                )))
+            }
+        }
+    }
+
+    /// `set`, with `done` called exactly once: when the peer acked, the
+    /// request failed, or `timeout` passed; never blocking on the peer.
+    pub fn set_async(
+        self: &Arc<Self>,
+        key: &str,
+        value: &[u8],
+        done: Box<dyn FnOnce(Result<()>) + Send>,
+    ) {
+        self.request_async(OP_SET, key, value, done);
+    }
+
+    /// `delete`, as `set_async`.
+    pub fn delete_async(self: &Arc<Self>, key: &str, done: Box<dyn FnOnce(Result<()>) + Send>) {
+        self.request_async(OP_DELETE, key, &[], done);
+    }
+
+    fn request_async(
+        self: &Arc<Self>,
+        op: u8,
+        key: &str,
+        value: &[u8],
+        done: Box<dyn FnOnce(Result<()>) + Send>,
+    ) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let link = Arc::downgrade(self);
+        let timeout = self.timeout;
+        let peer = self.peer;
+        let deadline = self.timer.schedule_after(timeout, move || {
+            let Some(link) = link.upgrade() else { return };
+            let waiter = link.waiters.lock().remove(&id);
+            if let Some(Waiter::Callback(done, _)) = waiter {
+                done(Err(status::deadline_exceeded(format!(
+                    "control link to process {peer}: no answer within {timeout:?}"
+                ))));
+            }
+        });
+        if let Err((e, waiter)) =
+            self.send(id, op, key, value, Waiter::Callback(done, Some(deadline)))
+        {
+            waiter.complete(Err(e), &self.timer);
+        }
+    }
+
+    /// Stores `value` under `key` in the peer's store; returns once it is
+    /// there.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.request(OP_SET, key, value)
+    }
+
+    /// Deletes `key` from the peer's store.
+    pub fn delete(&self, key: &str) -> Result<()> {
+        self.request(OP_DELETE, key, &[])
+    }
+}
+
+impl Drop for ControlLink {
+    fn drop(&mut self) {
+        self.dropping.store(true, Ordering::Release);
+        self.writer.lock().shutdown_both();
+        // Nobody will answer what is still waiting.
+        let waiting: Vec<Waiter> = self.waiters.lock().drain().map(|(_, w)| w).collect();
+        for waiter in waiting {
+            let closed = format!(
+                "control link to process {} closed by this process",
+                self.peer
+            );
+            waiter.complete(Err(status::unavailable(closed)), &self.timer);
+        }
+        if let Some(reader) = self.reader.lock().take() {
+            crate::sync::runner::join_all_except_current(vec![reader], "ControlLink");
+        }
+    }
+}

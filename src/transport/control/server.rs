@@ -1,0 +1,239 @@
+//! The control server: accepts links, authenticates HELLO within its
+//! timeout, applies each request to its handler and acks it.
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::status::{self, Result};
+use crate::transport::random::random_u64;
+
+use super::frame::*;
+use super::secret::*;
+use super::{spawn, ControlConfig, ControlEndpoint, ControlHandler};
+
+/// Streams being served, so that shutdown can cut them off.
+#[derive(Default)]
+pub(super) struct Connections {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Box<dyn Stream>>>,
+    count: AtomicUsize,
+}
+
+pub struct ControlServer {
+    endpoint: ControlEndpoint,
+    unix: Arc<UnixListener>,
+    tcp: Arc<TcpListener>,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<Connections>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl ControlServer {
+    /// Listens on a fresh abstract Unix socket and on `tcp_bind` (a port the
+    /// OS picks), telling peers to reach it at `advertise` (the listener
+    /// may be a wildcard); requests go to `handler` once a peer knows
+    /// `secret`.
+    pub fn start(
+        tcp_bind: IpAddr,
+        advertise: IpAddr,
+        secret: Secret,
+        handler: Weak<dyn ControlHandler>,
+        config: ControlConfig,
+    ) -> Result<ControlServer> {
+        let unix_name = format!(
+            "pjrt-crosshost/{}/{:016x}",
+            std::process::id(),
+            random_u64()?
+        );
+        let addr = UnixAddr::from_abstract_name(unix_name.as_bytes())
+            .map_err(|e| status::internal(format!("control link name: {e}")))?;
+        let unix = UnixListener::bind_addr(&addr).map_err(|e| {
+            status::unavailable(format!("control link: cannot listen on a Unix socket: {e}"))
+        })?;
+        let tcp = TcpListener::bind(SocketAddr::new(tcp_bind, 0)).map_err(|e| {
+            status::unavailable(format!("control link: cannot listen on {tcp_bind}: {e}"))
+        })?;
+        let port = tcp
+            .local_addr()
+            .map_err(|e| status::internal(e.to_string()))?
+            .port();
+        let endpoint = ControlEndpoint {
+            unix_name,
+            tcp: SocketAddr::new(advertise, port),
+        };
+        let server = ControlServer {
+            endpoint,
+            unix: Arc::new(unix),
+            tcp: Arc::new(tcp),
+            stopping: Arc::new(AtomicBool::new(false)),
+            connections: Arc::new(Connections::default()),
+            threads: Mutex::new(Vec::new()),
+        };
+        let serve = Arc::new(Serve {
+            secret,
+            handler,
+            config,
+            stopping: server.stopping.clone(),
+            connections: server.connections.clone(),
+        });
+        let unix = server.unix.clone();
+        let serve_unix = serve.clone();
+        let tcp = server.tcp.clone();
+        let mut threads = server.threads.lock();
+        threads.push(spawn("crosshost-ctl-accept", move || loop {
+            match unix.accept() {
+                Ok((stream, _)) => serve_unix.clone().accepted(Box::new(stream)),
+                Err(_) if serve_unix.stopping.load(Ordering::Acquire) => return,
+                Err(e) => log::warn!("control link: accept on the Unix socket: {e}"),
+            }
+        })?);
+        threads.push(spawn("crosshost-ctl-accept-tcp", move || loop {
+            match tcp.accept() {
+                Ok((stream, _)) => serve.clone().accepted(Box::new(stream)),
+                Err(_) if serve.stopping.load(Ordering::Acquire) => return,
+                Err(e) => log::warn!("control link: accept on TCP: {e}"),
+            }
+        })?);
+        drop(threads);
+        Ok(server)
+    }
+
+    pub fn endpoint(&self) -> &ControlEndpoint {
+        &self.endpoint
+    }
+
+    /// Connections being served (authenticated or not).
+    pub fn connection_count(&self) -> usize {
+        self.connections.count.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        // SAFETY: shutting down our own listening sockets (valid fds owned by
+        // the Arcs above) wakes the threads blocked in accept.
+        unsafe {
+            libc::shutdown(self.unix.as_raw_fd(), libc::SHUT_RDWR);
+            libc::shutdown(self.tcp.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        for (_, stream) in self.connections.open.lock().drain() {
+            stream.shutdown_both();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock());
+        crate::sync::runner::join_all_except_current(threads, "ControlServer");
+    }
+}
+
+pub(super) struct Serve {
+    secret: Secret,
+    handler: Weak<dyn ControlHandler>,
+    config: ControlConfig,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<Connections>,
+}
+
+impl Serve {
+    /// Serves one accepted connection on its own thread (HELLO first, within
+    /// the deadline, or it is closed).
+    fn accepted(self: Arc<Self>, stream: Box<dyn Stream>) {
+        if self.connections.count.fetch_add(1, Ordering::AcqRel) >= self.config.max_connections {
+            self.connections.count.fetch_sub(1, Ordering::AcqRel);
+            log::warn!(
+                "control link: refusing a connection (already {} open)",
+                self.config.max_connections
+            );
+            stream.shutdown_both();
+            return;
+        }
+        let id = self.connections.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone_box() {
+            self.connections.open.lock().insert(id, clone);
+        }
+        let serve = self.clone();
+        let started = spawn("crosshost-ctl-conn", move || {
+            serve.serve(stream);
+            serve.connections.open.lock().remove(&id);
+            serve.connections.count.fetch_sub(1, Ordering::AcqRel);
+        });
+        if let Err(e) = started {
+            log::error!("control link: {e}");
+            self.connections.open.lock().remove(&id);
+            self.connections.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn serve(&self, mut stream: Box<dyn Stream>) {
+        let deadline = Instant::now() + self.config.hello_timeout;
+        let peer = match read_frame(&mut *stream, Some(deadline)) {
+            Ok((OP_HELLO, id, payload))
+                if payload.len() == SECRET_LEN + 4
+                    && self.secret.matches(&payload[..SECRET_LEN]) =>
+            {
+                let process =
+                    u32::from_le_bytes(payload[SECRET_LEN..].try_into().expect("4 bytes"));
+                if stream.write_all(&frame(OP_ACK, id, &[])).is_err() {
+                    return;
+                }
+                process
+            }
+            Ok(_) => {
+                log::warn!("control link: a peer failed to authenticate");
+                let refusal = nack_payload(&status::unauthenticated("control link: bad HELLO"));
+                let _ = stream.write_all(&frame(OP_NACK, 0, &[&refusal]));
+                return;
+            }
+            Err(e) => {
+                if !self.stopping.load(Ordering::Acquire) {
+                    log::debug!(
+                        "control link: no HELLO within {:?}: {e}",
+                        self.config.hello_timeout
+                    );
+                }
+                return;
+            }
+        };
+        // Authenticated: requests until the peer goes away.
+        let _ = stream.set_timeouts(None, Some(self.config.request_timeout));
+        loop {
+            let (op, id, payload) = match read_frame(&mut *stream, None) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    if !self.stopping.load(Ordering::Acquire) {
+                        log::debug!("control link from process {peer} closed: {e}");
+                        if let Some(handler) = self.handler.upgrade() {
+                            handler.peer_closed(peer);
+                        }
+                    }
+                    return;
+                }
+            };
+            let Some(handler) = self.handler.upgrade() else {
+                return;
+            };
+            let outcome = match (op, split_key(&payload)) {
+                (OP_SET, Some((key, value))) => handler.set(peer, key, value),
+                (OP_DELETE, Some((key, _))) => handler.delete(peer, key),
+                _ => Err(status::invalid_argument(format!(
+                    "control link: bad request op {op}"
+                ))),
+            };
+            let reply = match outcome {
+                Ok(()) => frame(OP_ACK, id, &[]),
+                Err(e) => frame(OP_NACK, id, &[&nack_payload(&e)]),
+            };
+            if stream.write_all(&reply).is_err() {
+                return;
+            }
+        }
+    }
+}
