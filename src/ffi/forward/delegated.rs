@@ -13,10 +13,11 @@
 //! INVALID_ARGUMENT for a null or dead client or device.
 #![allow(non_snake_case)]
 
+use std::os::raw::c_char;
 use std::ptr::addr_of_mut;
 use std::sync::Arc;
 
-use super::{delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch};
+use super::{delegating, inner_device, inner_memory, run_dispatch, substitute, Dispatch, Restore};
 use crate::api::device_ids::{assigned_devices, map_compile_options, DeviceIdMap};
 use crate::api::element_type::ElementType;
 use crate::compute_plugin::ComputeClient;
@@ -111,7 +112,7 @@ fn id_map(handle: &ClientHandle) -> Option<DeviceIdMap> {
 /// `options` must point to `size` readable bytes (or be null with size 0).
 unsafe fn compile_options_for_inner(
     handle: &ClientHandle,
-    options: *const std::os::raw::c_char,
+    options: *const c_char,
     size: usize,
     name: &str,
 ) -> Result<Option<Vec<u8>>> {
@@ -131,6 +132,44 @@ unsafe fn compile_options_for_inner(
         .map_err(|e| invalid_argument(format!("{name}: {}", e.message)))
 }
 
+/// The caller's compile options in the compute plugin's numbering, in
+/// place for the forwarded call: the bytes, and the two fields' guards
+/// (dropped first, so the fields are restored before the bytes are freed).
+struct SwappedOptions {
+    _fields: (Restore<*const c_char>, Restore<usize>),
+    _bytes: Vec<u8>,
+}
+
+/// Puts `compile_options_for_inner`'s bytes, where they differ, into the
+/// caller's `options`/`size` fields until the result drops.
+///
+/// # Safety
+/// `options` and `size` must be the fields of the caller's args struct,
+/// describing readable bytes.
+unsafe fn swap_compile_options(
+    handle: &ClientHandle,
+    options: *mut *const c_char,
+    size: *mut usize,
+    name: &str,
+) -> Result<Option<SwappedOptions>> {
+    // SAFETY: forwarded contract.
+    let Some(bytes) = (unsafe { compile_options_for_inner(handle, *options, *size, name) })? else {
+        return Ok(None);
+    };
+    // SAFETY: the caller's fields; restored when the guards drop, before
+    // `bytes` is freed.
+    let fields = unsafe {
+        (
+            substitute(options, bytes.as_ptr() as *const c_char),
+            substitute(size, bytes.len()),
+        )
+    };
+    Ok(Some(SwappedOptions {
+        _fields: fields,
+        _bytes: bytes,
+    }))
+}
+
 /// The address of a field of the caller's args (no dereference).
 macro_rules! field_ptr {
     ($raw:expr, $args:ident . $field:ident) => {
@@ -146,49 +185,59 @@ macro_rules! client_field {
     };
 }
 
-/// Compiles on the compute plugin (device ids mapped where they differ).
-pub(crate) unsafe extern "C" fn PJRT_Client_Compile(
-    raw: *mut PJRT_Client_Compile_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_Compile";
-    let required = crate::struct_size_through!(PJRT_Client_Compile_Args, compile_options_size);
-    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        let options = compile_options_for_inner(
-            handle,
-            (*raw).compile_options,
-            (*raw).compile_options_size,
-            F,
-        )?;
-        let _options = options.as_ref().map(|o| {
-            (
-                substitute(addr_of_mut!((*raw).compile_options), o.as_ptr() as *const _),
-                substitute(addr_of_mut!((*raw).compile_options_size), o.len()),
-            )
-        });
-        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_Compile, raw)
+/// A slot whose client field decides (see `client_slot`): `ours` for an
+/// embedded client; for a delegating one, `forward` (by default the compute
+/// plugin's function with the caller's args, after `prepare`'s checks and
+/// substitutions) once the client is substituted. `F` is the slot's name
+/// inside `forward` and `prepare`.
+macro_rules! client_forward {
+    ($(#[$meta:meta])* $slot:ident($raw:ident: $args:ident through $through:ident), ours $ours:path) => {
+        client_forward!(
+            $(#[$meta])* $slot($raw: $args through $through), ours $ours,
+            forward |_, compute| { crate::inner_call!(compute.plugin().as_ref(), $slot, $raw) }
+        );
     };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_Compile_Args),
-            unimplemented::PJRT_Client_Compile,
-            forward,
-        )
-    }
+    ($(#[$meta:meta])* $slot:ident($raw:ident: $args:ident through $through:ident), ours $ours:path,
+     prepare { $($prepare:tt)* }) => {
+        client_forward!(
+            $(#[$meta])* $slot($raw: $args through $through), ours $ours,
+            forward |_, compute| {
+                $($prepare)*
+                crate::inner_call!(compute.plugin().as_ref(), $slot, $raw)
+            }
+        );
+    };
+    ($(#[$meta:meta])* $slot:ident($raw:ident: $args:ident through $through:ident), ours $ours:path,
+     forward |$handle:tt, $compute:tt| { $($body:tt)* }) => {
+        $(#[$meta])*
+        pub(crate) unsafe extern "C" fn $slot($raw: *mut $args) -> *mut PJRT_Error {
+            const F: &str = stringify!($slot);
+            let required = crate::struct_size_through!($args, $through);
+            let forward = |$handle: &ClientHandle, $compute: &Arc<ComputeClient>| -> Result<()> { $($body)* };
+            // SAFETY: the caller's args struct; `client_slot` checks it before
+            // `forward` reads any field.
+            unsafe { client_slot($raw, F, required, client_field!($args), $ours, forward) }
+        }
+    };
 }
 
-/// The compute plugin's default assignment, in our device ids.
-pub(crate) unsafe extern "C" fn PJRT_Client_DefaultDeviceAssignment(
-    raw: *mut PJRT_Client_DefaultDeviceAssignment_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_DefaultDeviceAssignment";
-    let required =
-        crate::struct_size_through!(PJRT_Client_DefaultDeviceAssignment_Args, default_assignment);
-    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// Compiles on the compute plugin (device ids mapped where they differ).
+    PJRT_Client_Compile(raw: PJRT_Client_Compile_Args through compile_options_size),
+    ours unimplemented::PJRT_Client_Compile,
+    forward |handle, compute| {
+        let options = addr_of_mut!((*raw).compile_options);
+        let size = addr_of_mut!((*raw).compile_options_size);
+        let _options = swap_compile_options(handle, options, size, F)?;
+        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_Compile, raw)
+    }
+);
+
+client_forward!(
+    /// The compute plugin's default assignment, in our device ids.
+    PJRT_Client_DefaultDeviceAssignment(raw: PJRT_Client_DefaultDeviceAssignment_Args through default_assignment),
+    ours unimplemented::PJRT_Client_DefaultDeviceAssignment,
+    forward |handle, compute| {
         crate::inner_call!(
             compute.plugin().as_ref(),
             PJRT_Client_DefaultDeviceAssignment,
@@ -205,28 +254,14 @@ pub(crate) unsafe extern "C" fn PJRT_Client_DefaultDeviceAssignment(
             *id = map.to_ours(*id as i64)? as i32;
         }
         Ok(())
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_DefaultDeviceAssignment_Args),
-            unimplemented::PJRT_Client_DefaultDeviceAssignment,
-            forward,
-        )
     }
-}
+);
 
-/// Host data onto a device or memory of the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Client_BufferFromHostBuffer(
-    raw: *mut PJRT_Client_BufferFromHostBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_BufferFromHostBuffer";
-    let required = crate::struct_size_through!(PJRT_Client_BufferFromHostBuffer_Args, buffer);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// Host data onto a device or memory of the compute plugin.
+    PJRT_Client_BufferFromHostBuffer(raw: PJRT_Client_BufferFromHostBuffer_Args through buffer),
+    ours client::client_buffer_from_host_buffer,
+    prepare {
         // XLA aborts the process on an unknown element type.
         ElementType::from_raw((*raw).type_, F)?;
         // Zero-copy is a permission, not an order: JAX asks a platform it
@@ -235,354 +270,118 @@ pub(crate) unsafe extern "C" fn PJRT_Client_BufferFromHostBuffer(
         // JAX 0.10.2 and 0.12). The bytes are copied, as JAX's own CPU
         // backend does.
         let _semantics = ((*raw).host_buffer_semantics
-            == PJRT_HostBufferSemantics_kImmutableZeroCopy)
-            .then(|| {
-                substitute(
-                    addr_of_mut!((*raw).host_buffer_semantics),
-                    PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
-                )
-            });
+        == PJRT_HostBufferSemantics_kImmutableZeroCopy)
+        .then(|| {
+        substitute(
+        addr_of_mut!((*raw).host_buffer_semantics),
+        PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+        )
+        });
         if (*raw).num_dims > 0 && (*raw).dims.is_null() {
-            return Err(null_field(F, "dims"));
+        return Err(null_field(F, "dims"));
         }
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_BufferFromHostBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_BufferFromHostBuffer_Args),
-            client::client_buffer_from_host_buffer,
-            forward,
-        )
     }
-}
+);
 
-/// Loads a serialized executable on the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Executable_DeserializeAndLoad(
-    raw: *mut PJRT_Executable_DeserializeAndLoad_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Executable_DeserializeAndLoad";
-    let required =
-        crate::struct_size_through!(PJRT_Executable_DeserializeAndLoad_Args, loaded_executable);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Executable_DeserializeAndLoad,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Executable_DeserializeAndLoad_Args),
-            unimplemented::PJRT_Executable_DeserializeAndLoad,
-            forward,
-        )
-    }
-}
+client_forward!(
+    /// Loads a serialized executable on the compute plugin.
+    PJRT_Executable_DeserializeAndLoad(raw: PJRT_Executable_DeserializeAndLoad_Args through loaded_executable),
+    ours unimplemented::PJRT_Executable_DeserializeAndLoad
+);
 
-/// A compute plugin buffer viewing memory the caller owns.
-pub(crate) unsafe extern "C" fn PJRT_Client_CreateViewOfDeviceBuffer(
-    raw: *mut PJRT_Client_CreateViewOfDeviceBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_CreateViewOfDeviceBuffer";
-    let required = crate::struct_size_through!(PJRT_Client_CreateViewOfDeviceBuffer_Args, buffer);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// A compute plugin buffer viewing memory the caller owns.
+    PJRT_Client_CreateViewOfDeviceBuffer(raw: PJRT_Client_CreateViewOfDeviceBuffer_Args through buffer),
+    ours unimplemented::PJRT_Client_CreateViewOfDeviceBuffer,
+    prepare {
         ElementType::from_raw((*raw).element_type, F)?;
         let covers_memory =
-            crate::has_field!(*raw, PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
+        crate::has_field!(*raw, PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), covers_memory, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_CreateViewOfDeviceBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_CreateViewOfDeviceBuffer_Args),
-            unimplemented::PJRT_Client_CreateViewOfDeviceBuffer,
-            forward,
-        )
     }
-}
+);
 
-/// The compute plugin's topology of this process's devices.
-pub(crate) unsafe extern "C" fn PJRT_Client_TopologyDescription(
-    raw: *mut PJRT_Client_TopologyDescription_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_TopologyDescription";
-    let required = crate::struct_size_through!(PJRT_Client_TopologyDescription_Args, topology);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_TopologyDescription,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_TopologyDescription_Args),
-            unimplemented::PJRT_Client_TopologyDescription,
-            forward,
-        )
-    }
-}
+client_forward!(
+    /// The compute plugin's topology of this process's devices.
+    PJRT_Client_TopologyDescription(raw: PJRT_Client_TopologyDescription_Args through topology),
+    ours unimplemented::PJRT_Client_TopologyDescription
+);
 
-/// The compute plugin's asynchronous host-to-device transfer manager.
-pub(crate) unsafe extern "C" fn PJRT_Client_CreateBuffersForAsyncHostToDevice(
-    raw: *mut PJRT_Client_CreateBuffersForAsyncHostToDevice_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_CreateBuffersForAsyncHostToDevice";
-    let required = crate::struct_size_through!(
-        PJRT_Client_CreateBuffersForAsyncHostToDevice_Args,
-        transfer_manager
-    );
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// The compute plugin's asynchronous host-to-device transfer manager.
+    PJRT_Client_CreateBuffersForAsyncHostToDevice(raw: PJRT_Client_CreateBuffersForAsyncHostToDevice_Args through transfer_manager),
+    ours unimplemented::PJRT_Client_CreateBuffersForAsyncHostToDevice,
+    prepare {
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_CreateBuffersForAsyncHostToDevice,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args),
-            unimplemented::PJRT_Client_CreateBuffersForAsyncHostToDevice,
-            forward,
-        )
     }
-}
+);
 
-/// Registers host memory for DMA with the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Client_DmaMap(
-    raw: *mut PJRT_Client_DmaMap_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_DmaMap";
-    let required = crate::struct_size_through!(PJRT_Client_DmaMap_Args, size);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_DmaMap, raw)
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_DmaMap_Args),
-            unimplemented::PJRT_Client_DmaMap,
-            forward,
-        )
-    }
-}
+client_forward!(
+    /// Registers host memory for DMA with the compute plugin.
+    PJRT_Client_DmaMap(raw: PJRT_Client_DmaMap_Args through size),
+    ours unimplemented::PJRT_Client_DmaMap
+);
 
-/// Unregisters host memory registered with `PJRT_Client_DmaMap`.
-pub(crate) unsafe extern "C" fn PJRT_Client_DmaUnmap(
-    raw: *mut PJRT_Client_DmaUnmap_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_DmaUnmap";
-    let required = crate::struct_size_through!(PJRT_Client_DmaUnmap_Args, data);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_DmaUnmap, raw)
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_DmaUnmap_Args),
-            unimplemented::PJRT_Client_DmaUnmap,
-            forward,
-        )
-    }
-}
+client_forward!(
+    /// Unregisters host memory registered with `PJRT_Client_DmaMap`.
+    PJRT_Client_DmaUnmap(raw: PJRT_Client_DmaUnmap_Args through data),
+    ours unimplemented::PJRT_Client_DmaUnmap
+);
 
-/// An uninitialized compute plugin buffer on a device or memory.
-pub(crate) unsafe extern "C" fn PJRT_Client_CreateUninitializedBuffer(
-    raw: *mut PJRT_Client_CreateUninitializedBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_CreateUninitializedBuffer";
-    let required = crate::struct_size_through!(PJRT_Client_CreateUninitializedBuffer_Args, buffer);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// An uninitialized compute plugin buffer on a device or memory.
+    PJRT_Client_CreateUninitializedBuffer(raw: PJRT_Client_CreateUninitializedBuffer_Args through buffer),
+    ours unimplemented::PJRT_Client_CreateUninitializedBuffer,
+    prepare {
         ElementType::from_raw((*raw).shape_element_type, F)?;
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_CreateUninitializedBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_CreateUninitializedBuffer_Args),
-            unimplemented::PJRT_Client_CreateUninitializedBuffer,
-            forward,
-        )
     }
-}
+);
 
-/// An alias buffer of the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Client_CreateAliasBuffer(
-    raw: *mut PJRT_Client_CreateAliasBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_CreateAliasBuffer";
-    let required =
-        crate::struct_size_through!(PJRT_Client_CreateAliasBuffer_Args, fulfill_alias_buffer_cb);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// An alias buffer of the compute plugin.
+    PJRT_Client_CreateAliasBuffer(raw: PJRT_Client_CreateAliasBuffer_Args through fulfill_alias_buffer_cb),
+    ours unimplemented::PJRT_Client_CreateAliasBuffer,
+    prepare {
         ElementType::from_raw((*raw).shape_element_type, F)?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_CreateAliasBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_CreateAliasBuffer_Args),
-            unimplemented::PJRT_Client_CreateAliasBuffer,
-            forward,
-        )
     }
-}
+);
 
-/// Fulfils an alias buffer of the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Client_FulfillAliasBuffer(
-    raw: *mut PJRT_Client_FulfillAliasBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_FulfillAliasBuffer";
-    let required =
-        crate::struct_size_through!(PJRT_Client_FulfillAliasBuffer_Args, fulfill_alias_buffer_cb);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// Fulfils an alias buffer of the compute plugin.
+    PJRT_Client_FulfillAliasBuffer(raw: PJRT_Client_FulfillAliasBuffer_Args through fulfill_alias_buffer_cb),
+    ours unimplemented::PJRT_Client_FulfillAliasBuffer,
+    prepare {
         super::require_compute_buffer((*raw).buffer, F, "buffer")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_FulfillAliasBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_FulfillAliasBuffer_Args),
-            unimplemented::PJRT_Client_FulfillAliasBuffer,
-            forward,
-        )
     }
-}
+);
 
-/// A compute plugin buffer that carries an error.
-pub(crate) unsafe extern "C" fn PJRT_Client_CreateErrorBuffer(
-    raw: *mut PJRT_Client_CreateErrorBuffer_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_CreateErrorBuffer";
-    let required = crate::struct_size_through!(PJRT_Client_CreateErrorBuffer_Args, buffer);
-    let forward = |_: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
+client_forward!(
+    /// A compute plugin buffer that carries an error.
+    PJRT_Client_CreateErrorBuffer(raw: PJRT_Client_CreateErrorBuffer_Args through buffer),
+    ours unimplemented::PJRT_Client_CreateErrorBuffer,
+    prepare {
         ElementType::from_raw((*raw).shape_element_type, F)?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
-        crate::inner_call!(
-            compute.plugin().as_ref(),
-            PJRT_Client_CreateErrorBuffer,
-            raw
-        )
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_CreateErrorBuffer_Args),
-            unimplemented::PJRT_Client_CreateErrorBuffer,
-            forward,
-        )
     }
-}
+);
 
-/// Loads a compiled executable on the compute plugin.
-pub(crate) unsafe extern "C" fn PJRT_Client_Load(
-    raw: *mut PJRT_Client_Load_Args,
-) -> *mut PJRT_Error {
-    const F: &str = "PJRT_Client_Load";
-    let required = crate::struct_size_through!(PJRT_Client_Load_Args, loaded_executable);
-    let forward = |handle: &ClientHandle, compute: &Arc<ComputeClient>| -> Result<()> {
-        let options = compile_options_for_inner(
-            handle,
-            (*raw).compile_options,
-            (*raw).compile_options_size,
-            F,
-        )?;
-        let _options = options.as_ref().map(|o| {
-            (
-                substitute(addr_of_mut!((*raw).compile_options), o.as_ptr() as *const _),
-                substitute(addr_of_mut!((*raw).compile_options_size), o.len()),
-            )
-        });
+client_forward!(
+    /// Loads a compiled executable on the compute plugin.
+    PJRT_Client_Load(raw: PJRT_Client_Load_Args through loaded_executable),
+    ours unimplemented::PJRT_Client_Load,
+    forward |handle, compute| {
+        let options = addr_of_mut!((*raw).compile_options);
+        let size = addr_of_mut!((*raw).compile_options_size);
+        let _options = swap_compile_options(handle, options, size, F)?;
         crate::inner_call!(compute.plugin().as_ref(), PJRT_Client_Load, raw)
-    };
-    // SAFETY: the caller's args struct; `client_slot` checks it before
-    // `forward` reads any field.
-    unsafe {
-        client_slot(
-            raw,
-            F,
-            required,
-            client_field!(PJRT_Client_Load_Args),
-            unimplemented::PJRT_Client_Load,
-            forward,
-        )
     }
-}
+);
 
 /// Compiles against a topology; the client, when given, is ours.
 pub(crate) unsafe extern "C" fn PJRT_Compile(raw: *mut PJRT_Compile_Args) -> *mut PJRT_Error {
