@@ -25,7 +25,7 @@ import traceback
 
 import numpy as np
 
-from jax_two_process_worker import devices_of, finish, held_by, join_job
+from jax_two_process_worker import devices_of, finish, finish_and_exit_now, held_by, join_job
 
 WARMUP = 20
 BARRIER_TIMEOUT_MS = 60_000
@@ -94,11 +94,7 @@ def main() -> int:
         result["sent"] = sent
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
-    finish(result, out_path)
-    # Process 1 is gone: JAX's shutdown barrier would wait for it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if not result["errors"] else 1)
+    finish_and_exit_now(result, out_path)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import traceback
 import numpy as np
 
 from jax_failed_receive_worker import every_use
-from jax_two_process_worker import devices_of, finish, held_by, join_job
+from jax_two_process_worker import devices_of, finish, finish_and_exit_now, held_by, join_job
 
 ROUNDS_AFTER = 100
 BARRIER_TIMEOUT_MS = 120_000
@@ -89,10 +89,7 @@ def main() -> int:
             time.sleep(0.01)
     except Exception:  # noqa: BLE001 - reported to the test through the JSON
         result["errors"].append(traceback.format_exc())
-    finish(result, out_path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if not result["errors"] else 1)
+    finish_and_exit_now(result, out_path)
 
 
 if __name__ == "__main__":

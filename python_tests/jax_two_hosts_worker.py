@@ -24,7 +24,12 @@ import traceback
 
 import numpy as np
 
-from jax_two_process_worker import finish, jax_store_transfer_keys, make_array
+from jax_two_process_worker import (
+    finish,
+    jax_store_transfer_keys,
+    make_array,
+    metrics_once_all_bytes_counted,
+)
 
 DTYPES = ["float32", "bfloat16", "int8", "bool", "float64", "int64", "uint16", "float16",
           "complex64", "int4", "float8_e4m3fn", "uint8", "int32"]
@@ -98,19 +103,7 @@ def main() -> int:
         # The sender keeps its arrays until the receiver has checked them.
         kv.wait_at_barrier("two_hosts_checked", BARRIER_TIMEOUT_MS)
 
-        import jax_plugins.crosshost as plugin
-
-        counter = "bytes_sent" if process_id == 0 else "bytes_received"
-        deadline = time.monotonic() + 20
-        while True:
-            clients = plugin.metrics()
-            metrics = clients[-1]["metrics"] if clients else {}
-            settled = metrics.get(counter) == total and metrics.get(
-                "keys_outstanding"
-            ) == metrics.get("retained_keys", 0) + metrics.get("delete_failures", 0)
-            if settled or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)  # polling the plugin's counters, with a deadline
+        clients, metrics = metrics_once_all_bytes_counted(process_id, total)
         result["metrics"] = metrics
         result["clients"] = len(clients)
         kv.wait_at_barrier("two_hosts_metrics", BARRIER_TIMEOUT_MS)

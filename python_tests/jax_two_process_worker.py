@@ -23,6 +23,7 @@ instead of receiving another array's bytes. Each array's outcome is recorded.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -154,21 +155,7 @@ def main() -> int:
         # Both sides are done with the data once the receiver has checked it.
         kv.wait_at_barrier("crosshost_test_checked", BARRIER_TIMEOUT_MS)
 
-        import jax_plugins.crosshost as plugin
-
-        counter = "bytes_sent" if process_id == 0 else "bytes_received"
-        deadline = time.monotonic() + 20
-        while True:
-            clients = plugin.metrics()
-            metrics = clients[-1]["metrics"] if clients else {}
-            # Settled: all bytes accounted for and no receive pending (every
-            # key not deleted is retained or failed to delete).
-            settled = metrics.get(counter) == total_bytes and metrics.get(
-                "keys_outstanding"
-            ) == metrics.get("retained_keys", 0) + metrics.get("delete_failures", 0)
-            if settled or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        clients, metrics = metrics_once_all_bytes_counted(process_id, total_bytes)
         result["clients"] = clients
         result["metrics"] = metrics
         kv.wait_at_barrier("crosshost_test_metrics", BARRIER_TIMEOUT_MS)
@@ -230,11 +217,39 @@ def held_by(expected: np.ndarray, src, process_id: int):
     )
 
 
+def metrics_once_all_bytes_counted(process_id: int, total_bytes: int) -> tuple[list, dict]:
+    """The plugin's live clients and the last one's metrics, once this
+    process (0 sends, 1 receives) has accounted for all `total_bytes` and
+    has no receive pending (every key not deleted is retained or failed to
+    delete), or as they are after 20 s."""
+    import jax_plugins.crosshost as plugin
+
+    counter = "bytes_sent" if process_id == 0 else "bytes_received"
+    deadline = time.monotonic() + 20
+    while True:
+        clients = plugin.metrics()
+        metrics = clients[-1]["metrics"] if clients else {}
+        settled = metrics.get(counter) == total_bytes and metrics.get(
+            "keys_outstanding"
+        ) == metrics.get("retained_keys", 0) + metrics.get("delete_failures", 0)
+        if settled or time.monotonic() > deadline:
+            return clients, metrics
+        time.sleep(0.05)  # polling the plugin's counters, with a deadline
+
+
 def finish(result: dict, out_path: str) -> int:
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
     sys.stdout.flush()
     return 0 if not result["errors"] else 1
+
+
+def finish_and_exit_now(result: dict, out_path: str) -> None:
+    """Writes the result and leaves without the interpreter's teardown: once
+    a process of the job is dead, JAX's shutdown barrier would wait for it."""
+    code = finish(result, out_path)
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
