@@ -1117,17 +1117,22 @@ class Event:
 _LIVE_CALLBACKS: dict = {}
 
 
-class Memory:
+class _SameByHandle:
+    """Each lookup makes a new wrapper of the same plugin object, so two
+    wrappers of one kind are equal exactly when their handles are."""
+
     def __init__(self, api: Api, handle: int):
         self.api = api
         self.handle = handle
 
     def __eq__(self, other):
-        return isinstance(other, Memory) and other.handle == self.handle
+        return isinstance(other, type(self)) and other.handle == self.handle
 
     def __hash__(self):
         return hash(self.handle)
 
+
+class Memory(_SameByHandle):
     def id(self) -> int:
         return self.api.call("PJRT_Memory_Id", memory=self.handle).id
 
@@ -1151,17 +1156,7 @@ class Memory:
         return _ptr_list(a.devices, a.num_devices)
 
 
-class Device:
-    def __init__(self, api: Api, handle: int):
-        self.api = api
-        self.handle = handle
-
-    def __eq__(self, other):
-        return isinstance(other, Device) and other.handle == self.handle
-
-    def __hash__(self):
-        return hash(self.handle)
-
+class Device(_SameByHandle):
     def description(self) -> int:
         return self.api.call("PJRT_Device_GetDescription", device=self.handle).device_description
 
