@@ -75,7 +75,7 @@ fn values_round_trip_and_waits_fire_on_the_write_or_at_once_if_present() {
     assert_eq!(s.try_get("crosshost/t/a").unwrap_err().code, Code::NotFound);
     // A wait registered before the write fires on it...
     let (cb, before) = waiter();
-    s.async_get("crosshost/t/a", cb).unwrap();
+    s.async_get("crosshost/t/a", None, cb).unwrap();
     settled(&s);
     assert!(before.try_recv().is_err(), "nothing written yet");
     assert_eq!(s.active_watches(), 1);
@@ -83,13 +83,13 @@ fn values_round_trip_and_waits_fire_on_the_write_or_at_once_if_present() {
     assert_eq!(delivered(&before).unwrap(), b"one");
     // ...one registered after it fires at once.
     let (cb, after) = waiter();
-    s.async_get("crosshost/t/a", cb).unwrap();
+    s.async_get("crosshost/t/a", None, cb).unwrap();
     assert_eq!(delivered(&after).unwrap(), b"one");
     assert_eq!(s.get("crosshost/t/a", PATIENCE).unwrap(), b"one");
     assert_eq!(s.try_get("crosshost/t/a").unwrap(), b"one");
     // A value equal to the stale one does not count; the next write does.
     let (cb, changed) = waiter();
-    s.async_get_changed("crosshost/t/a", b"one", cb).unwrap();
+    s.async_get("crosshost/t/a", Some(b"one"), cb).unwrap();
     settled(&s);
     s.set("crosshost/t/a", b"one").unwrap();
     s.set("crosshost/t/a", b"two").unwrap();
@@ -100,7 +100,7 @@ fn values_round_trip_and_waits_fire_on_the_write_or_at_once_if_present() {
     assert!(server.keys("crosshost/t/").is_empty());
     // A cancelled wait never runs; its watch goes with it.
     let (cb, cancelled) = waiter();
-    let id = s.async_get("crosshost/t/b", cb).unwrap();
+    let id = s.async_get("crosshost/t/b", None, cb).unwrap();
     settled(&s);
     assert!(s.cancel_async_get("crosshost/t/b", id));
     assert!(!s.cancel_async_get("crosshost/t/b", id), "only once");
@@ -123,7 +123,8 @@ fn a_thousand_waits_share_one_stream_and_each_gets_its_own_value() {
     let rxs: Vec<Delivery> = (0..1000)
         .map(|i| {
             let (cb, rx) = waiter();
-            s.async_get(&format!("crosshost/many/{i}"), cb).unwrap();
+            s.async_get(&format!("crosshost/many/{i}"), None, cb)
+                .unwrap();
             rx
         })
         .collect();
@@ -189,9 +190,9 @@ fn a_writer_that_goes_fails_the_waits_on_its_keys_naming_it_and_nothing_else() {
     let server = EtcdServer::start_new();
     let (reader, writer) = tracking(&server);
     let (cb, its) = waiter();
-    reader.async_get("crosshost/w1/receipt", cb).unwrap();
+    reader.async_get("crosshost/w1/receipt", None, cb).unwrap();
     let (cb, other) = waiter();
-    reader.async_get("crosshost/w2/receipt", cb).unwrap();
+    reader.async_get("crosshost/w2/receipt", None, cb).unwrap();
     settled(&reader);
     let started = Instant::now();
     drop(writer); // revokes its lease: its liveness key goes
@@ -212,7 +213,7 @@ fn a_writer_that_goes_fails_the_waits_on_its_keys_naming_it_and_nothing_else() {
     );
     // A later wait on the dead process's keys fails at once.
     let (cb, later) = waiter();
-    reader.async_get("crosshost/w1/next", cb).unwrap();
+    reader.async_get("crosshost/w1/next", None, cb).unwrap();
     assert_eq!(delivered(&later).unwrap_err().code, Code::Unavailable);
     reader.set("crosshost/w2/receipt", b"fine").unwrap();
     assert_eq!(delivered(&other).unwrap(), b"fine");
@@ -225,7 +226,7 @@ fn a_value_the_writer_wrote_just_before_it_went_is_still_delivered() {
         let (reader, writer) = tracking(&server);
         let key = format!("crosshost/w1/r{round}");
         let (cb, rx) = waiter();
-        reader.async_get(&key, cb).unwrap();
+        reader.async_get(&key, None, cb).unwrap();
         settled(&reader);
         writer.set(&key, b"sent").unwrap();
         drop(writer); // the receipt and the liveness key go in one revision
@@ -297,7 +298,7 @@ fn a_stopped_server_fails_waits_and_calls_within_the_call_timeout_and_drop_is_pr
     let call_timeout = Duration::from_millis(1500);
     let s = store(&server, call_timeout);
     let (cb, rx) = waiter();
-    s.async_get("crosshost/down/k", cb).unwrap();
+    s.async_get("crosshost/down/k", None, cb).unwrap();
     settled(&s);
     server.stop();
     let stopped = Instant::now();
@@ -335,7 +336,7 @@ fn a_wait_survives_a_short_restart_of_the_server() {
     let mut server = EtcdServer::start_new();
     let s = store(&server, Duration::from_secs(10));
     let (cb, rx) = waiter();
-    s.async_get("crosshost/restart/k", cb).unwrap();
+    s.async_get("crosshost/restart/k", None, cb).unwrap();
     settled(&s);
     server.stop();
     until("the store noticed", || !s.stream_is_up());
@@ -503,7 +504,7 @@ fn lifecycle_a_stale_receipt_in_etcd_is_waited_past_and_the_real_one_completes()
         !rx.future().is_ready(),
         "a stale receipt completed the buffer"
     );
-    // Re-armed once, past the stale value (async_get_changed counts as a get).
+    // Re-armed once, past the stale value (a re-armed async_get counts as a get).
     assert_eq!(h.store.calls_for(Op::AsyncGet, k.as_str()), 2);
     h.store.set(k.as_str(), &ok(9)).unwrap();
     assert_eq!(wait(&rx.future()), Ok(()));

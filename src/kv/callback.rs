@@ -14,7 +14,7 @@
 //! set cannot starve the others; a key that is set is observed within about
 //! `ceil(pending / pool_threads) * wait_slice`. A get that returns "not yet"
 //! early (a callback that does not block) and a wait for a value other than
-//! a known stale one (`async_get_changed`, polled with `try_get`, which
+//! a known stale one (`async_get` with `unless`, polled with `try_get`, which
 //! returns at once) are re-queued after a delay that doubles up to
 //! `max_backoff`: bounded and never spinning.
 //!
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 
-use super::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
+use super::{GetCallback, KeyValueStore, SetCallback, StoreCapabilities, Unless, WaiterId};
 use crate::status::{self, Code, Result};
 use crate::sync::DeadlineTimer;
 
@@ -539,12 +539,7 @@ impl KeyValueStore for CallbackStore {
         );
     }
 
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId> {
         Ok(self.enqueue(key, unless, callback))
     }
 
@@ -655,12 +650,16 @@ mod tests {
         // Eight keys that are never set, more than the two workers.
         for i in 0..8 {
             store
-                .async_get(&format!("never/{i}"), Box::new(|_| panic!("never set")))
+                .async_get(
+                    &format!("never/{i}"),
+                    None,
+                    Box::new(|_| panic!("never set")),
+                )
                 .unwrap();
         }
         let (tx, rx) = bounded(1);
         store
-            .async_get("set", Box::new(move |r| tx.send(r).unwrap()))
+            .async_get("set", None, Box::new(move |r| tx.send(r).unwrap()))
             .unwrap();
         store.set("set", b"v").unwrap();
         assert_eq!(
@@ -674,13 +673,13 @@ mod tests {
     fn cancelled_waiters_never_fire() {
         let store = CallbackStore::new(FakeRaw::new(true), options(1));
         let id = store
-            .async_get("k", Box::new(|_| panic!("cancelled waiter fired")))
+            .async_get("k", None, Box::new(|_| panic!("cancelled waiter fired")))
             .unwrap();
         assert!(store.cancel_async_get("k", id));
         assert!(!store.cancel_async_get("k", id));
         let (tx, rx) = bounded(1);
         store
-            .async_get("k", Box::new(move |r| tx.send(r).unwrap()))
+            .async_get("k", None, Box::new(move |r| tx.send(r).unwrap()))
             .unwrap();
         store.set("k", b"v").unwrap();
         rx.recv().unwrap().unwrap();
@@ -702,7 +701,7 @@ mod tests {
         store.set("k", b"stale").unwrap();
         let (tx, rx) = bounded(1);
         store
-            .async_get_changed("k", b"stale", Box::new(move |r| tx.send(r).unwrap()))
+            .async_get("k", Some(b"stale"), Box::new(move |r| tx.send(r).unwrap()))
             .unwrap();
         // Let it poll for 200 ms: with backoff doubling to 20 ms that is at
         // most ~15 polls; a spinning loop would do thousands.
@@ -838,7 +837,7 @@ mod tests {
     fn destroying_the_store_with_callbacks_stuck_returns_promptly_and_calls_no_more() {
         let raw = StuckRaw::new();
         let store = CallbackStore::new(raw.clone(), bounded_options(4));
-        store.async_get("watched", Box::new(|_| {})).unwrap();
+        store.async_get("watched", None, Box::new(|_| {})).unwrap();
         store.set_async("k", b"v", Box::new(|_| {}));
         let deadline = Instant::now() + Duration::from_secs(5);
         while raw.calls.load(Ordering::SeqCst) < 2 {

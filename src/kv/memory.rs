@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use once_cell::sync::Lazy;
 use parking_lot::{Condvar, Mutex};
 
-use super::{GetCallback, KeyValueStore, StoreCapabilities, WaiterId};
+use super::{GetCallback, KeyValueStore, StoreCapabilities, Unless, WaiterId};
 use crate::status::{self, Result};
 
 struct Waiter {
@@ -189,12 +189,7 @@ impl KeyValueStore for MemoryStore {
         Ok(())
     }
 
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId> {
         self.register(key, unless, callback)
     }
 
@@ -239,7 +234,7 @@ mod tests {
     fn set_fires_waiters_once_and_keeps_the_entry_until_delete() {
         let store = MemoryStore::new();
         let (tx, rx) = bounded(4);
-        store.async_get("k", send_to(tx.clone())).unwrap();
+        store.async_get("k", None, send_to(tx.clone())).unwrap();
         assert_eq!(store.waiter_count(), 1);
         store.set("k", b"v").unwrap();
         assert_eq!(rx.try_recv().unwrap().unwrap(), b"v");
@@ -257,7 +252,7 @@ mod tests {
         let store = MemoryStore::new();
         store.set("k", b"old").unwrap();
         let (tx, rx) = bounded(1);
-        store.async_get("k", send_to(tx)).unwrap();
+        store.async_get("k", None, send_to(tx)).unwrap();
         assert_eq!(rx.try_recv().unwrap().unwrap(), b"old");
     }
 
@@ -266,7 +261,7 @@ mod tests {
         let store = MemoryStore::new();
         store.set("k", b"stale").unwrap();
         let (tx, rx) = bounded(1);
-        store.async_get_changed("k", b"stale", send_to(tx)).unwrap();
+        store.async_get("k", Some(b"stale"), send_to(tx)).unwrap();
         assert!(rx.try_recv().is_err());
         store.set("k", b"stale").unwrap();
         assert!(
@@ -281,7 +276,7 @@ mod tests {
     fn cancelled_waiter_never_fires_and_cancel_reports_whether_it_was_pending() {
         let store = MemoryStore::new();
         let (tx, rx) = bounded(1);
-        let id = store.async_get("k", send_to(tx)).unwrap();
+        let id = store.async_get("k", None, send_to(tx)).unwrap();
         assert!(store.cancel_async_get("k", id));
         assert!(!store.cancel_async_get("k", id));
         store.set("k", b"v").unwrap();

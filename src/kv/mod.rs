@@ -37,6 +37,9 @@ pub type GetCallback = Box<dyn FnOnce(Result<Vec<u8>>) + Send + 'static>;
 /// Called once with the outcome of a `set_async`.
 pub type SetCallback = Box<dyn FnOnce(Result<()>) + Send + 'static>;
 
+/// A value that does not count for `async_get` (a stale one already seen).
+pub type Unless<'a> = Option<&'a [u8]>;
+
 /// `get` for stores whose waiting is `async_get`: the value (or the store's
 /// error) if it comes within `timeout`, else `late()`'s error. A waiter
 /// that could not be cancelled as the wait ended is firing: its value is
@@ -50,6 +53,7 @@ pub(crate) fn get_by_waiting(
     let (tx, rx) = crossbeam_channel::bounded(1);
     let id = store.async_get(
         key,
+        None,
         Box::new(move |value| {
             let _ = tx.send(value);
         }),
@@ -67,7 +71,7 @@ pub(crate) fn get_by_waiting(
 
 /// The store contract.
 ///
-/// Waiters: the callback of `async_get`/`async_get_changed` runs exactly once,
+/// Waiters: the callback of `async_get` runs exactly once,
 /// unless `cancel_async_get` returned `true` for it, in which case it is
 /// dropped without running. It may run on any thread, including the caller's
 /// (when the value is already there), and never while the store holds a lock.
@@ -96,30 +100,10 @@ pub trait KeyValueStore: Send + Sync {
     }
     /// Calls back with the value of `key` as soon as it is present (at once if
     /// it already is); with `unless`, a value equal to it does not count and
-    /// the callback waits for anything else. The one waiting primitive each
-    /// store implements; `async_get` and `async_get_changed` name its uses.
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId>;
-    /// Calls back with the value of `key` as soon as it is present.
-    fn async_get(&self, key: &str, callback: GetCallback) -> Result<WaiterId> {
-        self.async_get_unless(key, None, callback)
-    }
-    /// Like `async_get`, but a value equal to `stale` does not count: calls
-    /// back once `key` holds anything else. This is how a receiver that saw a
-    /// stale receipt waits for the real one without spinning on the present
-    /// value.
-    fn async_get_changed(
-        &self,
-        key: &str,
-        stale: &[u8],
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
-        self.async_get_unless(key, Some(stale), callback)
-    }
+    /// the callback waits for anything else: this is how a receiver that saw
+    /// a stale receipt waits for the real one without spinning on the present
+    /// value. The one waiting primitive each store implements.
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId>;
     /// Retires a pending waiter locally. `true`: it was pending and its
     /// callback will never run. `false`: it already fired (or is firing).
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool;

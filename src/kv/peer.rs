@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::{GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, WaiterId};
+use super::{
+    GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, Unless, WaiterId,
+};
 use crate::status::{self, Result};
 use crate::transport::advertise::Advertised;
 use crate::transport::control::{
@@ -317,14 +319,9 @@ impl KeyValueStore for PeerStore {
         }
     }
 
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId> {
         self.local_only(key, "async_get")?;
-        self.local.store.async_get_unless(key, unless, callback)
+        self.local.store.async_get(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {

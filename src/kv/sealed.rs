@@ -24,7 +24,9 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use parking_lot::Mutex;
 
-use super::{get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId};
+use super::{
+    get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, Unless, WaiterId,
+};
 use crate::status::{self, Result};
 use crate::sync::Metrics;
 use crate::transport::random::fill_random;
@@ -216,9 +218,7 @@ impl Core {
             waiter.arms += 1;
             waiter.arms
         };
-        let inner_id = self
-            .inner
-            .async_get_unless(key, seen.as_deref(), on_value)?;
+        let inner_id = self.inner.async_get(key, seen.as_deref(), on_value)?;
         let mut waiter = waiter.lock();
         if waiter.callback.is_none() {
             // Cancelled (or done) meanwhile: the armed waiter is not needed.
@@ -274,12 +274,7 @@ fn on_value(
 }
 
 impl KeyValueStore for SealedStore {
-    fn async_get_unless(
-        &self,
-        key: &str,
-        stale: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, stale: Unless, callback: GetCallback) -> Result<WaiterId> {
         let id = self.core.next_waiter.fetch_add(1, Ordering::Relaxed);
         self.core.waiters.lock().insert(
             id,
@@ -428,6 +423,7 @@ mod tests {
         store
             .async_get(
                 "r",
+                None,
                 Box::new(move |v| {
                     tx.send(v).unwrap();
                 }),
@@ -452,7 +448,7 @@ mod tests {
         let (tx, rx) = crossbeam_channel::unbounded();
         let tx2 = tx.clone();
         store
-            .async_get_changed("k", b"stale", Box::new(move |v| tx.send(v).unwrap()))
+            .async_get("k", Some(b"stale"), Box::new(move |v| tx.send(v).unwrap()))
             .unwrap();
         assert!(rx.try_recv().is_err());
         inner.delete("k").unwrap();
@@ -463,7 +459,7 @@ mod tests {
         );
 
         let id = store
-            .async_get("absent", Box::new(move |v| tx2.send(v).unwrap()))
+            .async_get("absent", None, Box::new(move |v| tx2.send(v).unwrap()))
             .unwrap();
         inner.set("absent", b"forged").unwrap();
         assert!(store.cancel_async_get("absent", id));

@@ -13,11 +13,11 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use super::{GetCallback, KeyValueStore, StoreCapabilities, WaiterId};
+use super::{GetCallback, KeyValueStore, StoreCapabilities, Unless, WaiterId};
 use crate::status::{self, Result, Status};
 
 /// The operations counted (and made to fail) separately. `AsyncGet` covers
-/// both `async_get` and `async_get_changed` registrations.
+/// every `async_get` registration, with or without `unless`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Get,
@@ -198,18 +198,13 @@ impl KeyValueStore for TestStore {
         self.inner.delete(key)
     }
 
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId> {
         self.enter(Op::AsyncGet, key)?;
         if let Some(error) = self.take_wait_failure(key) {
             callback(Err(error));
             return Ok(ALREADY_FIRED);
         }
-        self.inner.async_get_unless(key, unless, callback)
+        self.inner.async_get(key, unless, callback)
     }
 
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool {
@@ -263,7 +258,7 @@ mod tests {
         store.fail_wait_on("k", status::unavailable("lost connection"));
         let (tx, rx) = crossbeam_channel::bounded(1);
         let id = store
-            .async_get("k", Box::new(move |r| tx.send(r).unwrap()))
+            .async_get("k", None, Box::new(move |r| tx.send(r).unwrap()))
             .unwrap();
         assert_eq!(rx.try_recv().unwrap().unwrap_err().code, Code::Unavailable);
         assert!(!store.cancel_async_get("k", id));

@@ -52,7 +52,7 @@
 //!
 //! Stale receipts (rule 6): a value whose nonce is not ours (or that does
 //! not decode) never completes the buffer. It is counted, and the wait is
-//! re-armed with `async_get_changed(key, stale)`: the store calls back only
+//! re-armed with `async_get(key, Some(stale), ..)`: the store calls back only
 //! when the key holds something else, so a present stale value cannot make
 //! the waiter fire again and again (MemoryStore: exact, event driven;
 //! CallbackStore: polling with doubling backoff, see `kv/callback.rs`). We do
@@ -298,9 +298,7 @@ impl ReceiveTracker {
     ) -> Result<()> {
         let callback = self.signal_callback(rx, generation);
         let key = rx.key.as_str();
-        let id = self
-            .store
-            .async_get_unless(key, stale.as_deref(), callback)?;
+        let id = self.store.async_get(key, stale.as_deref(), callback)?;
         self.waiter_registered(rx, generation, id);
         Ok(())
     }

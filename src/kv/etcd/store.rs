@@ -12,7 +12,7 @@ use super::lease::Lease;
 use super::runtime::{self, status_of};
 use super::watches::{Watches, WriterOf};
 use crate::kv::{
-    get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, WaiterId,
+    get_by_waiting, GetCallback, KeyValueStore, SetCallback, StoreCapabilities, Unless, WaiterId,
 };
 use crate::status::{self, Result};
 
@@ -327,12 +327,7 @@ impl KeyValueStore for EtcdStore {
         self.report(format!("etcd delete {key}"), self.delete_op(key), done);
     }
 
-    fn async_get_unless(
-        &self,
-        key: &str,
-        unless: Option<&[u8]>,
-        callback: GetCallback,
-    ) -> Result<WaiterId> {
+    fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId> {
         self.watches.register(&self.key(key), unless, callback)
     }
 

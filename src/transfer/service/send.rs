@@ -670,7 +670,10 @@ impl TransferService {
                 }
             }
         };
-        let waiter = match self.store.async_get(&desc_key, Box::new(on_descriptor)) {
+        let waiter = match self
+            .store
+            .async_get(&desc_key, None, Box::new(on_descriptor))
+        {
             Ok(id) => id,
             Err(e) => {
                 promise.set(Err(Status::new(
