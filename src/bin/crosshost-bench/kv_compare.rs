@@ -18,22 +18,17 @@ use pjrt_crosshost::transfer::keys::is_transfer_key;
 const SETTLE: Duration = Duration::from_secs(2);
 
 fn cases(quick: bool) -> Vec<Case> {
-    let c = |bytes, batch, repeats| Case {
-        bytes,
-        batch,
-        repeats,
-    };
     if quick {
-        return vec![c(4 << 10, 1, 5), c(4 << 10, 64, 2), c(1 << 20, 1, 3)];
+        return Case::list(&[(4 << 10, 1, 5), (4 << 10, 64, 2), (1 << 20, 1, 3)]);
     }
-    vec![
-        c(4 << 10, 1, 31),
-        c(4 << 10, 64, 7),
-        c(64 << 10, 1, 15),
-        c(1 << 20, 1, 15),
-        c(1 << 20, 64, 5),
-        c(16 << 20, 1, 5),
-    ]
+    Case::list(&[
+        (4 << 10, 1, 31),
+        (4 << 10, 64, 7),
+        (64 << 10, 1, 15),
+        (1 << 20, 1, 15),
+        (1 << 20, 64, 5),
+        (16 << 20, 1, 5),
+    ])
 }
 
 /// `--etcd` as the plugin's `kv_store` value (the scheme may be left off).

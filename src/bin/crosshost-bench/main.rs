@@ -11,6 +11,7 @@
 //! in the parent's memory store through the callbacks (`kv_store=callbacks`)
 //! and in etcd (`kv_store=etcd://...`), side by side (kv_compare.rs).
 mod child_link;
+mod common;
 mod ffi_client;
 mod kv;
 mod kv_compare;
@@ -22,59 +23,28 @@ use std::process::{Command, Stdio};
 
 use child_link::ChildLink;
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::{library_path, pattern, Case, WAIT};
 use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
 use kv::{CallbackTarget, LocalStore, RemoteStore};
 use pjrt_crosshost::transfer::keys::is_transfer_key;
 
-const WAIT: Duration = Duration::from_secs(120);
-
-struct Case {
-    bytes: usize,
-    batch: usize,
-    repeats: usize,
-}
-
 fn cases(quick: bool) -> Vec<Case> {
-    let c = |bytes, batch, repeats| Case {
-        bytes,
-        batch,
-        repeats,
-    };
     if quick {
-        return vec![c(4 << 10, 1, 3), c(1 << 20, 8, 2), c(16 << 20, 1, 2)];
+        return Case::list(&[(4 << 10, 1, 3), (1 << 20, 8, 2), (16 << 20, 1, 2)]);
     }
-    vec![
-        c(4 << 10, 1, 31),
-        c(4 << 10, 64, 7),
-        c(64 << 10, 1, 15),
-        c(64 << 10, 64, 5),
-        c(1 << 20, 1, 15),
-        c(1 << 20, 64, 5),
-        c(16 << 20, 1, 5),
-        c(16 << 20, 16, 3),
-        c(64 << 20, 1, 3),
-        c(256 << 20, 1, 3),
-    ]
-}
-
-fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
-    (0..bytes)
-        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
-        .collect()
-}
-
-fn library_path(explicit: Option<String>) -> String {
-    if let Some(p) = explicit {
-        return p;
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .expect("exe dir")
-        .join("libpjrt_crosshost.so")
-        .to_string_lossy()
-        .into_owned()
+    Case::list(&[
+        (4 << 10, 1, 31),
+        (4 << 10, 64, 7),
+        (64 << 10, 1, 15),
+        (64 << 10, 64, 5),
+        (1 << 20, 1, 15),
+        (1 << 20, 64, 5),
+        (16 << 20, 1, 5),
+        (16 << 20, 16, 3),
+        (64 << 20, 1, 3),
+        (256 << 20, 1, 3),
+    ])
 }
 
 /// The create options of one process of a pair; `kv_store` only when asked

@@ -14,6 +14,8 @@
 #[path = "../crosshost-bench/child_link.rs"]
 mod child_link;
 #[allow(dead_code)]
+#[path = "../crosshost-bench/common.rs"]
+mod common;
 #[path = "../crosshost-bench/ffi_client.rs"]
 mod ffi_client;
 #[allow(dead_code)]
@@ -24,70 +26,29 @@ use child_link::ChildLink;
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use common::{library_path, pattern, Case, WAIT};
 use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
 use kv::{CallbackTarget, LocalStore, RemoteStore};
 use pjrt_crosshost::backend::{self, Backend, BackendChoice, MemoryCounters};
 
-const WAIT: Duration = Duration::from_secs(120);
 const MIB: usize = 1 << 20;
 
-struct Case {
-    bytes: usize,
-    batch: usize,
-    repeats: usize,
-}
-
 fn cases(quick: bool) -> Vec<Case> {
-    let c = |bytes, batch, repeats| Case {
-        bytes,
-        batch,
-        repeats,
-    };
     if quick {
-        return vec![
-            c(4 << 10, 1, 5),
-            c(MIB, 1, 3),
-            c(MIB, 16, 2),
-            c(64 * MIB, 1, 2),
-        ];
+        return Case::list(&[(4 << 10, 1, 5), (MIB, 1, 3), (MIB, 16, 2), (64 * MIB, 1, 2)]);
     }
-    vec![
-        c(4 << 10, 1, 31),
-        c(MIB, 1, 15),
-        c(MIB, 64, 5),
-        c(4 * MIB, 1, 11),
-        c(16 * MIB, 1, 7),
-        c(64 * MIB, 1, 5),
-        c(256 * MIB, 1, 3),
-        c(1024 * MIB, 1, 3),
-    ]
-}
-
-/// Period-251 byte pattern, built by repetition (fast for 1 GiB).
-fn pattern(bytes: usize, seed: usize) -> Vec<u8> {
-    let block: Vec<u8> = (0..251)
-        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
-        .collect();
-    let mut out = Vec::with_capacity(bytes);
-    while out.len() < bytes {
-        let n = (bytes - out.len()).min(block.len());
-        out.extend_from_slice(&block[..n]);
-    }
-    out
-}
-
-fn library_path(explicit: Option<String>) -> String {
-    if let Some(p) = explicit {
-        return p;
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .expect("exe dir")
-        .join("libpjrt_crosshost.so")
-        .to_string_lossy()
-        .into_owned()
+    Case::list(&[
+        (4 << 10, 1, 31),
+        (MIB, 1, 15),
+        (MIB, 64, 5),
+        (4 * MIB, 1, 11),
+        (16 * MIB, 1, 7),
+        (64 * MIB, 1, 5),
+        (256 * MIB, 1, 3),
+        (1024 * MIB, 1, 3),
+    ])
 }
 
 fn job_options(node: i64, session: &str, backend: &str) -> Vec<(&'static str, OptionValue)> {
