@@ -25,7 +25,7 @@ def referenced_sections() -> dict[str, list[str]]:
 
 
 def test_every_design_reference_resolves_to_a_section():
-    text = (REPO / "docs" / "DESIGN.md").read_text()
+    text = (REPO / "docs/DESIGN.md").read_text()
     sections = set(re.findall(r"^## (\d+)\. ", text, re.M))
     refs = referenced_sections()
     assert refs, "no DESIGN.md § reference found: the scan is broken"
@@ -48,3 +48,53 @@ def test_references_name_the_document_in_the_repository():
 
 def test_the_readme_points_at_the_design_document():
     assert "docs/DESIGN.md" in (REPO / "README.md").read_text()
+
+
+def layout_block() -> str:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Layout\n", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def layout_paths() -> list[str]:
+    """The paths each line of the README's Layout starts with (its first
+    column; a continuation line starts with spaces and names none)."""
+    paths = []
+    for line in layout_block().splitlines():
+        if not line or line[0] == " ":
+            continue
+        column = re.split(r"\s{2,}", line, maxsplit=1)[0]
+        paths.extend(column.split())
+    return paths
+
+
+def source_folders() -> list[str]:
+    """Every folder of src/ that holds code beyond its own tests."""
+    folders = []
+    for path in sorted((REPO / "src").rglob("*")):
+        if path.is_dir() and any(
+            f.is_file() and f.name != "tests.rs" and f.suffix in {".rs", ".cc", ".c"} for f in path.iterdir()
+        ):
+            folders.append(str(path.relative_to(REPO)) + "/")
+    return folders
+
+
+def test_every_path_the_readme_layout_names_exists():
+    paths = layout_paths()
+    assert len(paths) > 20, f"the Layout block was not found or not read: {paths}"
+    missing = [p for p in paths if not (REPO / p).exists()]
+    assert not missing, f"README Layout names paths that do not exist: {missing}"
+
+
+def test_every_source_folder_has_its_line_in_the_readme_layout():
+    named = set(layout_paths())
+    unnamed = [f for f in source_folders() if f not in named]
+    assert not unnamed, f"source folders the README Layout does not describe: {unnamed}"
+
+
+def test_every_layer_of_the_design_is_a_line_of_the_readme_layout():
+    design = (REPO / "docs/DESIGN.md").read_text()
+    block = design.split("## 2. Layers", 1)[1].split("```", 2)[1]
+    layers = re.findall(r"^(\w+(?:/|\.rs))\s", block, re.M)
+    named = set(layout_paths())
+    assert layers and all(f"src/{layer}" in named for layer in layers), (layers, named)

@@ -13,7 +13,7 @@ use crate::compute_plugin::{
 };
 use crate::status::{internal, invalid_argument, Outcome, Result, Status};
 use crate::sync::Future;
-use crate::transfer::service::{BufferSpec, ReceiveRequest, RecordReceived, SendSource};
+use crate::transfer::service::{BufferSpec, ReceiveRequest, RecordOutcomeWithBytes, SendSource};
 
 /// A buffer a transfer reads: the embedded backend's, or a compute plugin's
 /// (the caller's handle of a delegating client's buffer).
@@ -150,22 +150,23 @@ impl Client {
             let watch = handle.as_ref().map(|h| watch_receive(h.raw()));
             handles.push(handle);
             let byte_size = shape.byte_size();
-            let record: RecordReceived = Box::new(move |outcome: &Outcome, bytes: &Allocation| {
-                let fulfilled = match outcome {
-                    Ok(()) => alias.fulfill_with_host_bytes(
-                        bytes.address(),
-                        byte_size,
-                        Box::new(bytes.clone()),
-                    ),
-                    Err(status) => alias.fail(status),
-                };
-                if let Err(e) = &fulfilled {
-                    log::error!("recording a received buffer in the compute plugin: {e}");
-                }
-                if let Some(watch) = watch {
-                    watch.settle(&outcome.clone().and(fulfilled));
-                }
-            });
+            let record: RecordOutcomeWithBytes =
+                Box::new(move |outcome: &Outcome, bytes: &Allocation| {
+                    let fulfilled = match outcome {
+                        Ok(()) => alias.fulfill_with_host_bytes(
+                            bytes.address(),
+                            byte_size,
+                            Box::new(bytes.clone()),
+                        ),
+                        Err(status) => alias.fail(status),
+                    };
+                    if let Err(e) = &fulfilled {
+                        log::error!("recording a received buffer in the compute plugin: {e}");
+                    }
+                    if let Some(watch) = watch {
+                        watch.settle(&outcome.clone().and(fulfilled));
+                    }
+                });
             requests.push(ReceiveRequest {
                 spec: spec_of(shape),
                 record: Some(record),

@@ -17,7 +17,7 @@
 //!   as an `INTERNAL` error, to the `on_canceled` callback it was given;
 //! - `forwarded_on_ready` (`forward/translated.rs`) catches a panic and drops
 //!   it: its caller is the compute plugin, which has no way to hear of it;
-//! - the error and memory vtables (`errors.rs`, `handles.rs`), the KV
+//! - the error and memory vtables (`errors.rs`, `handles/memory.rs`), the KV
 //!   `callback_error` (`kv_callbacks.rs`) and the attribute and
 //!   serialized-bytes deleters catch nothing: they only read, copy, allocate
 //!   or free.

@@ -7,12 +7,12 @@ use crate::api::buffer::Buffer;
 use crate::pjrt::bindings::*;
 use crate::status::{invalid_argument, out_of_range, Result};
 
-/// A caller's destination pointer, carried to whichever thread completes the
-/// read.
+/// The caller's host memory a read writes into (its pointer), carried to
+/// whichever thread completes the read.
 #[derive(Clone, Copy)]
-struct HostDestination(usize);
+struct CallerHostBuffer(usize);
 
-impl HostDestination {
+impl CallerHostBuffer {
     /// # Safety
     /// The pointer must be writable for `len` bytes until the read's event is
     /// ready (the PJRT contract for ToHostBuffer / CopyRawToHost).
@@ -169,7 +169,7 @@ fn read_to_host(
     buffer: &Buffer,
     offset: usize,
     len: usize,
-    dst: HostDestination,
+    dst: CallerHostBuffer,
     function: &str,
 ) -> Result<*mut PJRT_Event> {
     let future = buffer.when_defined(function, move |data| {
@@ -204,7 +204,7 @@ crate::pjrt_entry!(
             args.dst_size
         )));
     }
-    args.event = read_to_host(&b.buffer, 0, size, HostDestination(args.dst as usize), F)?;
+    args.event = read_to_host(&b.buffer, 0, size, CallerHostBuffer(args.dst as usize), F)?;
     Ok(())
 });
 
@@ -230,7 +230,7 @@ crate::pjrt_entry!(
         &b.buffer,
         args.offset as usize,
         args.transfer_size as usize,
-        HostDestination(args.dst as usize),
+        CallerHostBuffer(args.dst as usize),
         F,
     )?;
     Ok(())

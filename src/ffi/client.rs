@@ -20,8 +20,8 @@ crate::pjrt_entry!(
     /// `api::options`) and, for a multi-process job, the caller's KV callbacks
     /// (kept for the client's life). The caller owns `client`
     /// (`PJRT_Client_Destroy`). INVALID_ARGUMENT for an unknown or ill-typed
-    /// option; a compute plugin that failed to load is reported here. The table's
-    /// slot is `jax_support::client_create_registering`, which wraps this.
+    /// option; a compute plugin that failed to load is reported here. The new
+    /// client is remembered (weakly) for `pjrt_crosshost_live_clients_metrics_json`.
     client_create = "PJRT_Client_Create", PJRT_Client_Create_Args through client, |args| {
     const F: &str = "PJRT_Client_Create";
     super::logging::init();
@@ -38,6 +38,7 @@ crate::pjrt_entry!(
         client.devices().len(),
         client.platform_version()
     );
+    super::live_clients::remember(&client);
     args.client = into_raw(ClientHandle::new(client));
     Ok(())
 });

@@ -1,8 +1,9 @@
-//! The three `PJRT_Error_*` entries of the API table, over `errors.rs`:
-//! destroy, message and code of an error, ours or another
+//! The four `PJRT_Error_*` entries of the API table, over `errors.rs`:
+//! destroy, message, code and payloads of an error, ours or another
 //! implementation's (through its vtable).
 use std::ptr;
 
+use super::args::null_field;
 use super::boundary::or_on_panic;
 use super::errors::take_error;
 use crate::pjrt::bindings::*;
@@ -60,5 +61,27 @@ crate::pjrt_entry!(
             None => Code::Unknown as PJRT_Error_Code,
         }
     };
+    Ok(())
+});
+
+const FOR_EACH_PAYLOAD: &str = "PJRT_Error_ForEachPayload";
+
+crate::pjrt_entry!(
+    /// Visits the error's payloads: ours carry none, another implementation's
+    /// are visited through its own vtable. INVALID_ARGUMENT only for a null
+    /// error: jaxlib converts every PJRT_Error to a Status through GetCode,
+    /// Message and ForEachPayload, and an error from ForEachPayload makes it
+    /// convert that error too, recursing until the stack overflows.
+    error_for_each_payload = "PJRT_Error_ForEachPayload", PJRT_Error_ForEachPayload_Args through user_arg, |args| {
+    if args.error.is_null() {
+        return Err(null_field(FOR_EACH_PAYLOAD, "error"));
+    }
+    // SAFETY: `error` is a live PJRT_Error; a live PJRT_Error begins with
+    // the header's vtable pointer.
+    let for_each = unsafe { (*args.error).vtable.as_ref() }.and_then(|t| t.for_each_payload);
+    if let Some(f) = for_each {
+        // SAFETY: the error's own vtable function, with the caller's visitor.
+        unsafe { f(args.error, args.visitor, args.user_arg) };
+    }
     Ok(())
 });

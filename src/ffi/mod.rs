@@ -13,13 +13,14 @@ pub(crate) mod errors;
 mod events;
 pub mod forward;
 pub(crate) mod handles;
-mod jax_support;
 pub mod kv_callbacks;
 mod kv_delete_route;
+mod live_clients;
 pub mod logging;
 mod memory;
 mod metrics_export;
 mod plugin;
+mod process_infos;
 mod transfers;
 pub(crate) mod unimplemented;
 

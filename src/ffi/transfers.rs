@@ -76,7 +76,7 @@ unsafe fn read_shapes(
 }
 
 /// A buffer a send reads: ours, or the compute plugin's (one rule for both,
-/// see `handles.rs`).
+/// see `handles/`).
 ///
 /// # Safety
 /// `buffer` must be null or a live buffer handle (ours or the compute

@@ -104,7 +104,7 @@ pub trait KeyValueStore: Send + Sync {
     /// a stale receipt waits for the real one without spinning on the present
     /// value. The one waiting primitive each store implements.
     fn async_get(&self, key: &str, unless: Unless, callback: GetCallback) -> Result<WaiterId>;
-    /// Retires a pending waiter locally. `true`: it was pending and its
+    /// Withdraws a pending waiter (locally, no store call). `true`: it was pending and its
     /// callback will never run. `false`: it already fired (or is firing).
     fn cancel_async_get(&self, key: &str, id: WaiterId) -> bool;
     fn capabilities(&self) -> StoreCapabilities;

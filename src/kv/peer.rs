@@ -1,5 +1,5 @@
 //! `PeerStore`: the job's transfer keys, each kept by the process that reads
-//! it and written by its peers over control links (`transport/control.rs`).
+//! it and written by its peers over control links (`transport/control/`).
 //!
 //! Every transfer key has exactly one reader: a completion key is awaited by
 //! the receiving process, a descriptor key by the sending one. So each

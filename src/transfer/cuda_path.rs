@@ -19,7 +19,7 @@
 //! through pinned host memory onto the TCP transport; a CUDA receive that
 //! would need one is refused with `UNIMPLEMENTED` when it is opened.
 //!
-//! Safe Rust only: the driver calls live in `backend/cuda.rs`.
+//! Safe Rust only: the driver calls live in `backend/cuda/`.
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -65,7 +65,7 @@ impl CudaDestination {
     /// Call once the receive has its terminal outcome: senders in this
     /// process can no longer find the destination. (Senders elsewhere may
     /// still hold a mapping; the memory itself lives as long as the buffer.)
-    pub fn retire(&self) {
+    pub fn release(&self) {
         if let Some(handle) = &self.handle {
             LOCAL_DESTINATIONS.lock().remove(handle);
         }

@@ -12,13 +12,13 @@ use parking_lot::Mutex;
 use super::cuda_path::CudaDestination;
 use super::descriptor::AllocationHandle;
 use super::memory_budget::BudgetLease;
-use super::shared_host_memory::SharedHostMemory;
 use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::ClaimRange;
 use crate::transport::registry::DestinationRegistry;
 use crate::transport::shm::SharedRegion;
+use crate::transport::shm_device_memory::SharedHostMemory;
 use crate::transport::shm_pool::{ShmLease, ShmPool};
 
 /// Receive destinations of this process, by shared-memory name, so that a
@@ -137,7 +137,7 @@ impl HostDestination {
     /// claimed one that failed is quarantined (the sender's write may still
     /// land, so the range is never handed out again); a dedicated region
     /// loses its name (the buffer keeps the mapping).
-    pub fn retire(&self, outcome: &Outcome) {
+    pub fn release(&self, outcome: &Outcome) {
         let mut claimed = !self.lease.claim_slot().close_unclaimed(&self.claim);
         if let Some(offer) = &self.offer {
             if offer.registry.unregister(&offer.token).is_none() {
@@ -182,11 +182,11 @@ impl Destination {
     }
 
     /// Ends the destination with the receive's outcome (see
-    /// `HostDestination::retire`).
-    pub fn retire(&self, outcome: &Outcome) {
+    /// `HostDestination::release`).
+    pub fn release(&self, outcome: &Outcome) {
         match self {
-            Destination::Host(host) => host.retire(outcome),
-            Destination::Cuda(cuda) => cuda.retire(),
+            Destination::Host(host) => host.release(outcome),
+            Destination::Cuda(cuda) => cuda.release(),
         }
     }
 }

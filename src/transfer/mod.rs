@@ -11,7 +11,6 @@ pub mod recv_state;
 pub mod route;
 pub mod service;
 pub mod session;
-pub mod shared_host_memory;
 
 pub use keys::CompletionKey;
 pub use receipt::Receipt;

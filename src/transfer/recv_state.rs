@@ -8,14 +8,14 @@
 //!               │
 //!               ├─(cancel)──► publish CANCELLED ─► PublishedEarly ──(set CANCEL wakes the AsyncGet)
 //!               │                                        │        └─(its callback fires)──► Retiring
-//!               │                                        └─(wake-up set failed)──► retire the waiter locally ──► Retiring
-//!               └─(deadline)─► publish DEADLINE_EXCEEDED ─► PublishedEarly ─► retire the waiter locally ──► Retiring
+//!               │                                        └─(wake-up set failed)──► withdraw the waiter ──► Retiring
+//!               └─(deadline)─► publish DEADLINE_EXCEEDED ─► PublishedEarly ─► withdraw the waiter ──► Retiring
 //! ```
 //!
 //! Publish, then retire: the buffer's `Future` (its readiness event) is set
 //! before `delete` is even called, so readiness never waits on the store.
 //! "Record the event" belongs to publication: a receive may carry a
-//! `RecordEvent` (a delegating client's fulfilment of the compute plugin's
+//! `RecordOutcome` (a delegating client's fulfilment of the compute plugin's
 //! alias buffer, docs/DESIGN.md §11), run once with the outcome right after
 //! the promise is set, on every path that publishes (receipt, cancel,
 //! deadline, shutdown) and always before the keys are deleted. The
@@ -37,13 +37,13 @@
 //!
 //! Rule 5, the wake-up `set` fails: the future stays cancelled, `cancel`
 //! returns the failure (its code, with a message saying the future is
-//! cancelled), and the pending AsyncGet is retired *locally*:
+//! cancelled), and the pending AsyncGet is withdrawn *locally*:
 //! `store.cancel_async_get` removes the waiter so its callback never runs,
 //! and the canceller retires the keys itself (deleting what is there: a
 //! descriptor key we published). If `cancel_async_get` says the waiter
 //! already fired, its callback is on its way to the runner and retires
 //! instead. If the waiter is being re-armed at that moment (no id yet), the
-//! re-arm sees `retire_when_registered` and retires it as soon as the store
+//! re-arm sees `withdraw_when_registered` and withdraws it as soon as the store
 //! hands out the id. Either way no waiter, no tracker entry and no timer
 //! entry outlive the receive. On a store that cannot overwrite, a cancel that
 //! races the sender's receipt gets ALREADY_EXISTS from the wake-up `set`: it
@@ -82,7 +82,7 @@ use crate::transfer::receipt::Receipt;
 
 /// Records a buffer's published outcome where the caller sees it (the
 /// compute plugin's alias buffer); runs once, before the keys are retired.
-pub type RecordEvent = Box<dyn FnOnce(&Outcome) + Send>;
+pub type RecordOutcome = Box<dyn FnOnce(&Outcome) + Send>;
 
 #[derive(Clone, Debug)]
 pub struct ReceiveConfig {
@@ -109,8 +109,8 @@ struct Arm {
     generation: u64,
     /// `None` while the store is still registering it.
     waiter: Option<WaiterId>,
-    /// Set when a local retirement found no id yet: retire on registration.
-    retire_when_registered: bool,
+    /// Set when a withdrawal found no id yet: withdraw on registration.
+    withdraw_when_registered: bool,
 }
 
 #[derive(Debug)]
@@ -138,7 +138,7 @@ struct Receive {
     /// The buffer's result; its future is the buffer's readiness event.
     promise: PromiseOnce,
     /// Taken by the one publication.
-    record: Mutex<Option<RecordEvent>>,
+    record: Mutex<Option<RecordOutcome>>,
     /// Resolved once the keys are retired (deleted, retained, or failed).
     retired: PromiseOnce,
     phase: Mutex<Phase>,
@@ -221,7 +221,7 @@ impl ReceiveTracker {
         key: CompletionKey,
         nonce: u64,
         extra_keys: Vec<String>,
-        record: Option<RecordEvent>,
+        record: Option<RecordOutcome>,
     ) -> Result<PendingReceive> {
         let (promise, _) = PromiseOnce::new();
         let (retired, _) = PromiseOnce::new();
@@ -235,7 +235,7 @@ impl ReceiveTracker {
             phase: Mutex::new(Phase::Waiting(Arm {
                 generation: 0,
                 waiter: None,
-                retire_when_registered: false,
+                withdraw_when_registered: false,
             })),
             deadline: Mutex::new(None),
         });
@@ -323,20 +323,20 @@ impl ReceiveTracker {
     }
 
     fn waiter_registered(self: &Arc<Self>, rx: &Arc<Receive>, generation: u64, id: WaiterId) {
-        let retire_now = {
+        let withdraw_now = {
             let mut phase = rx.phase.lock();
             match &mut *phase {
                 Phase::Waiting(arm) | Phase::PublishedEarly { arm, .. }
                     if arm.generation == generation =>
                 {
                     arm.waiter = Some(id);
-                    arm.retire_when_registered
+                    arm.withdraw_when_registered
                 }
                 _ => false,
             }
         };
-        if retire_now {
-            self.retire_waiter_locally(rx);
+        if withdraw_now {
+            self.withdraw_waiter(rx);
         }
     }
 
@@ -364,7 +364,7 @@ impl ReceiveTracker {
                         *arm = Arm {
                             generation: generation + 1,
                             waiter: None,
-                            retire_when_registered: false,
+                            withdraw_when_registered: false,
                         };
                         Next::Rearm(value)
                     }
@@ -580,7 +580,7 @@ impl ReceiveTracker {
         );
         enum Next {
             Retire,
-            RetireWaiterLocally,
+            WithdrawWaiter,
             Nothing,
         }
         let next = {
@@ -589,7 +589,7 @@ impl ReceiveTracker {
                 Phase::PublishedEarly { wake_in_flight, .. } => {
                     *wake_in_flight = false;
                     if woke.is_err() {
-                        Next::RetireWaiterLocally
+                        Next::WithdrawWaiter
                     } else {
                         Next::Nothing // the woken callback retires
                     }
@@ -606,7 +606,7 @@ impl ReceiveTracker {
         };
         match next {
             Next::Retire => self.retire(rx),
-            Next::RetireWaiterLocally => self.retire_waiter_locally(rx),
+            Next::WithdrawWaiter => self.withdraw_waiter(rx),
             Next::Nothing => {}
         }
         woke.map_err(|e| {
@@ -614,7 +614,7 @@ impl ReceiveTracker {
                 e.code,
                 format!(
                     "cancel receive {}: the buffer is cancelled, but the wake-up set failed \
-                     ({e}); its AsyncGet was retired locally",
+                     ({e}); its AsyncGet was withdrawn locally",
                     rx.key
                 ),
             )
@@ -631,9 +631,9 @@ impl ReceiveTracker {
         status::failed_precondition(format!("{what} receive {}: {outcome}", rx.key))
     }
 
-    /// Retires a published-early buffer's AsyncGet without any store
+    /// Withdraws a published-early buffer's AsyncGet without any store
     /// wake-up, then its keys (see the module doc, rule 5).
-    fn retire_waiter_locally(self: &Arc<Self>, rx: &Arc<Receive>) {
+    fn withdraw_waiter(self: &Arc<Self>, rx: &Arc<Receive>) {
         let waiter = {
             let mut phase = rx.phase.lock();
             match &mut *phase {
@@ -643,7 +643,7 @@ impl ReceiveTracker {
                 } => match arm.waiter {
                     Some(id) => id,
                     None => {
-                        arm.retire_when_registered = true;
+                        arm.withdraw_when_registered = true;
                         return;
                     }
                 },
@@ -699,7 +699,7 @@ impl ReceiveTracker {
                 ))),
             );
         }
-        self.retire_waiter_locally(rx);
+        self.withdraw_waiter(rx);
     }
 }
 

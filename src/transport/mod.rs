@@ -29,6 +29,7 @@ pub mod poll;
 pub mod random;
 pub mod registry;
 pub mod shm;
+pub mod shm_device_memory;
 pub mod shm_fault;
 pub mod shm_mappings;
 pub mod shm_name;

@@ -12,7 +12,7 @@
 //!
 //! Recycling caveat: a range handed back is reused at once. A receive that
 //! ended without its sender's acknowledgement (cancelled, timed out) may
-//! still see a late write from that sender; retire such leases with
+//! still see a late write from that sender; quarantine such leases with
 //! `ShmLease::quarantine` so their range is never reused.
 use std::collections::BTreeMap;
 use std::fmt;
@@ -268,7 +268,7 @@ enum LeaseOrigin {
     },
     Dedicated,
     /// Quarantined or already returned: nothing to give back.
-    Retired,
+    Spent,
 }
 
 /// One destination from an `ShmPool`: `len` bytes at `offset` in the
@@ -278,7 +278,7 @@ pub struct ShmLease {
     offset: usize,
     len: usize,
     origin: LeaseOrigin,
-    /// Set by `quarantine_on_drop`: the range is retired, not recycled.
+    /// Set by `quarantine_on_drop`: the range is quarantined, not recycled.
     quarantined: AtomicBool,
 }
 
@@ -311,7 +311,7 @@ impl ShmLease {
         self.region.read_at(self.offset + offset, out)
     }
 
-    /// Marks the lease so that dropping it retires its range instead of
+    /// Marks the lease so that dropping it quarantines its range instead of
     /// recycling it (for a lease shared with in-flight users, where
     /// `quarantine(self)` cannot take it).
     pub fn quarantine_on_drop(&self) {
@@ -345,12 +345,12 @@ impl ShmLease {
         &self.region
     }
 
-    /// Retires the lease without recycling its range (for receives that
+    /// Quarantines the lease: its range is never recycled (for receives that
     /// ended without the sender's acknowledgement; see the module docs).
     pub fn quarantine(mut self) {
         if let LeaseOrigin::Pooled {
             pool, carved_len, ..
-        } = std::mem::replace(&mut self.origin, LeaseOrigin::Retired)
+        } = std::mem::replace(&mut self.origin, LeaseOrigin::Spent)
         {
             let mut state = pool.state.lock();
             state.stats.leased_bytes -= carved_len;
@@ -391,7 +391,7 @@ impl Drop for ShmLease {
         if self.quarantined.load(Ordering::Acquire) {
             if let LeaseOrigin::Pooled {
                 pool, carved_len, ..
-            } = std::mem::replace(&mut self.origin, LeaseOrigin::Retired)
+            } = std::mem::replace(&mut self.origin, LeaseOrigin::Spent)
             {
                 let mut state = pool.state.lock();
                 state.stats.leased_bytes -= carved_len;
@@ -403,7 +403,7 @@ impl Drop for ShmLease {
             pool,
             segment_index,
             carved_len,
-        } = std::mem::replace(&mut self.origin, LeaseOrigin::Retired)
+        } = std::mem::replace(&mut self.origin, LeaseOrigin::Spent)
         {
             let mut state = pool.state.lock();
             state.segments[segment_index].release(self.offset, carved_len);

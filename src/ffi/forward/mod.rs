@@ -1,7 +1,7 @@
 //! Delegation at the C boundary: everything a delegating client does that is
 //! not a cross-host transfer, the job's topology or one of our exports goes
 //! to the compute plugin (docs/DESIGN.md §11). Which slot goes where is
-//! `table.rs`; the handle rule that decides it per call is `handles.rs`.
+//! `table.rs`; the handle rule that decides it per call is `handles/`.
 //!
 //! Three kinds of slots:
 //! - *ours*: answered here (errors, plugin attributes, client topology,

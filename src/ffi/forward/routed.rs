@@ -1,4 +1,4 @@
-//! Routed slots: the named handle argument decides (`handles.rs`). Ours →
+//! Routed slots: the named handle argument decides (`handles/`). Ours →
 //! our entry; the compute plugin's → its function with the caller's args
 //! unchanged. `foreign` handles are always the compute plugin's (we make
 //! none: without a compute plugin the slot is UNIMPLEMENTED); `none` slots

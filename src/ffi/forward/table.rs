@@ -4,7 +4,7 @@
 //! that the lists cover every slot of the header exactly once, and
 //! `tests/forwarding_table.rs` calls every routed and delegated slot against
 //! a recording compute plugin.
-use crate::ffi::{client, device, error_entries, events, jax_support, memory, plugin};
+use crate::ffi::{client, device, error_entries, events, memory, plugin, process_infos};
 use crate::pjrt::bindings::*;
 
 /// Whose a slot is.
@@ -34,11 +34,11 @@ ours_table! {
     PJRT_Error_Destroy => error_entries::error_destroy,
     PJRT_Error_Message => error_entries::error_message,
     PJRT_Error_GetCode => error_entries::error_get_code,
-    PJRT_Error_ForEachPayload => jax_support::error_for_each_payload,
+    PJRT_Error_ForEachPayload => error_entries::error_for_each_payload,
     PJRT_Plugin_Initialize => plugin::plugin_initialize,
     PJRT_Plugin_Attributes => plugin::plugin_attributes,
     PJRT_Event_Create => events::event_create,
-    PJRT_Client_Create => jax_support::client_create_registering,
+    PJRT_Client_Create => client::client_create,
     PJRT_Client_Destroy => client::client_destroy,
     PJRT_Client_PlatformName => client::client_platform_name,
     PJRT_Client_ProcessIndex => client::client_process_index,
@@ -48,7 +48,7 @@ ours_table! {
     PJRT_Client_LookupDevice => client::client_lookup_device,
     PJRT_Client_LookupAddressableDevice => client::client_lookup_addressable_device,
     PJRT_Client_AddressableMemories => client::client_addressable_memories,
-    PJRT_Client_UpdateGlobalProcessInfo => jax_support::client_update_global_process_info,
+    PJRT_Client_UpdateGlobalProcessInfo => process_infos::client_update_global_process_info,
     PJRT_Device_GetDescription => device::device_get_description,
     PJRT_Device_IsAddressable => device::device_is_addressable,
     PJRT_Device_LocalHardwareId => device::device_local_hardware_id,

@@ -337,7 +337,7 @@ foreign_with!(
 /// The id map of this process's delegating clients, where it is not the
 /// identity (a compute plugin that numbers its devices from 0).
 fn process_id_map() -> Option<DeviceIdMap> {
-    crate::ffi::jax_support::live_clients()
+    crate::ffi::live_clients::live_clients()
         .iter()
         .map(|c| DeviceIdMap::new(c.compute_device_ids()))
         .find(|m| !m.is_identity())

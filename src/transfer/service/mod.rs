@@ -123,16 +123,16 @@ pub struct BufferSpec {
     pub dims: Vec<i64>,
 }
 
-/// Records a receive buffer's outcome where its caller sees it, given the
-/// memory the bytes landed in (a delegating client fulfils the compute
-/// plugin's alias buffer with a view of it). Runs once, before the keys are
-/// retired.
-pub type RecordReceived = Box<dyn FnOnce(&Outcome, &Allocation) + Send>;
+/// The lifecycle's `RecordOutcome` as the service's caller gives it: the
+/// same recording, also handed the memory the bytes landed in (a delegating
+/// client fulfils the compute plugin's alias buffer with a view of it); the
+/// service binds the memory once the destination exists.
+pub type RecordOutcomeWithBytes = Box<dyn FnOnce(&Outcome, &Allocation) + Send>;
 
 /// One buffer to receive.
 pub struct ReceiveRequest {
     pub spec: BufferSpec,
-    pub record: Option<RecordReceived>,
+    pub record: Option<RecordOutcomeWithBytes>,
 }
 
 impl From<BufferSpec> for ReceiveRequest {

@@ -14,7 +14,7 @@ use crate::transfer::host_destination::{Destination, HostDestination, HostRoute}
 use crate::transfer::keys::{descriptor_key, pair_epoch, CompletionKey};
 use crate::transfer::memory_budget::BudgetLease;
 use crate::transfer::receipt::Receipt;
-use crate::transfer::recv_state::{PendingReceive, RecordEvent};
+use crate::transfer::recv_state::{PendingReceive, RecordOutcome};
 use crate::transfer::route::Route;
 use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
@@ -325,9 +325,9 @@ impl TransferService {
             None => (Vec::new(), None),
         };
         let memory = destination.memory();
-        let record: Option<RecordEvent> = record.map(|record| {
+        let record: Option<RecordOutcome> = record.map(|record| {
             let memory = memory.clone();
-            Box::new(move |outcome: &Outcome| record(outcome, &memory)) as RecordEvent
+            Box::new(move |outcome: &Outcome| record(outcome, &memory)) as RecordOutcome
         });
         // Wait first, publish second: the sender can only act on the
         // descriptor after our AsyncGet is registered.
@@ -355,7 +355,7 @@ impl TransferService {
                     service.metrics.received_over(byte_route, byte_size);
                 }
             }
-            destination.retire(outcome);
+            destination.release(outcome);
         });
         Ok((
             ReceiveDestination {

@@ -30,7 +30,7 @@
 //! only means the bytes left. Destinations are registered with UCX only
 //! while a receive into them is in flight (UCX registers per transfer, the
 //! registration cache being off, see `library.rs`), and a destination that
-//! is retired or cancelled is gone from the registry, so no late message or
+//! is released or cancelled is gone from the registry, so no late message or
 //! rendezvous can write it.
 //!
 //! What a party that can reach a process's UCX port can and cannot do (UCX

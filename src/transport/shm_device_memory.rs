@@ -4,10 +4,10 @@
 //! receiver's pool of pre-faulted segments (or a dedicated region).
 use std::sync::Arc;
 
+use super::destination::WritableDestination;
+use super::shm_pool::ShmLease;
 use crate::backend::{DeviceMemory, MemoryCounters};
 use crate::status::Result;
-use crate::transport::destination::WritableDestination;
-use crate::transport::shm_pool::ShmLease;
 
 pub struct SharedHostMemory {
     lease: Arc<ShmLease>,
