@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use pjrt_crosshost::pjrt::bindings::*;
+use pjrt_crosshost::pjrt::named_values::{NamedValue, NamedValues};
 
 pub type Result<T> = std::result::Result<T, String>;
 
@@ -116,32 +117,19 @@ impl Plugin {
         options: &[(&str, OptionValue)],
         kv: Option<&KvCallbacks>,
     ) -> Result<Client> {
-        let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-        let values: Vec<PJRT_NamedValue> = options
-            .iter()
-            .zip(&names)
-            .map(|((_, v), name)| {
-                let mut nv = PJRT_NamedValue {
-                    struct_size: PJRT_NamedValue_STRUCT_SIZE as usize,
-                    name: name.as_ptr() as *const c_char,
-                    name_size: name.len(),
-                    ..Default::default()
-                };
-                match v {
-                    OptionValue::Int(i) => {
-                        nv.type_ = PJRT_NamedValue_kInt64;
-                        nv.__bindgen_anon_1.int64_value = *i;
-                        nv.value_size = 1;
-                    }
-                    OptionValue::Str(s) => {
-                        nv.type_ = PJRT_NamedValue_kString;
-                        nv.__bindgen_anon_1.string_value = s.as_ptr() as *const c_char;
-                        nv.value_size = s.len();
-                    }
-                }
-                nv
-            })
-            .collect();
+        let values = NamedValues::new(
+            options
+                .iter()
+                .map(|(name, value)| {
+                    let value = match value {
+                        OptionValue::Int(i) => NamedValue::Int(*i),
+                        OptionValue::Str(s) => NamedValue::Str(s.clone()),
+                    };
+                    (name.to_string(), value)
+                })
+                .collect(),
+        );
+        let values = &values.values;
         let mut delete_ext = PJRT_CrossHost_KvDeleteExtension::default();
         let mut args = PJRT_Client_Create_Args {
             struct_size: PJRT_Client_Create_Args_STRUCT_SIZE as usize,

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use child_link::ChildLink;
 use std::sync::Arc;
 
-use common::{library_path, pattern, Case, WAIT};
+use common::{library_path, pattern, receive_and_check, Case, WAIT};
 use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
 use kv::{CallbackTarget, LocalStore, RemoteStore};
 use pjrt_crosshost::transfer::keys::is_transfer_key;
@@ -150,29 +150,7 @@ fn run_child(
                 let parse = |s: &str| s.parse::<usize>().map_err(|e| e.to_string());
                 let (bytes, batch, key_base, seed) =
                     (parse(bytes)?, parse(batch)?, parse(key_base)?, parse(seed)?);
-                let keys: Vec<i64> = (0..batch).map(|i| (key_base + i) as i64).collect();
-                let buffers = client.receive(0, &vec![bytes; batch], 0, &keys)?;
-                let events = buffers
-                    .iter()
-                    .map(|b| client.ready_event(b))
-                    .collect::<Result<Vec<_>>>()?;
-                let times = client.watch(events)?;
-                writeln!(out, "armed").map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())?;
-                let ready = times.wait(WAIT)?;
-                // Check every byte, outside the timed part.
-                let expected = pattern(bytes, seed);
-                let mut got = vec![0u8; bytes];
-                for b in &buffers {
-                    client.to_host(b, &mut got)?;
-                    if got != expected {
-                        return Err("received bytes differ from what was sent".into());
-                    }
-                }
-                drop(buffers);
-                let list: Vec<String> = ready.iter().map(u64::to_string).collect();
-                writeln!(out, "ready {}", list.join(" ")).map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())?;
+                receive_and_check(&client, &mut out, (bytes, batch, key_base, seed), 0)?;
             }
             ["metrics"] => {
                 writeln!(out, "metrics {}", client.metrics_json()).map_err(|e| e.to_string())?;

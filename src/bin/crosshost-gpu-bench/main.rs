@@ -23,12 +23,12 @@ mod ffi_client;
 mod kv;
 use child_link::ChildLink;
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{library_path, pattern, Case, WAIT};
+use common::{library_path, pattern, receive_and_check, Case, WAIT};
 use ffi_client::{monotonic_ns, OptionValue, Plugin, Result};
 use kv::{CallbackTarget, LocalStore, RemoteStore};
 use pjrt_crosshost::backend::{self, Backend, BackendChoice, MemoryCounters};
@@ -117,31 +117,7 @@ fn run_child(lib: &str, socket: &str, session: String, backend: &str) -> Result<
                 let (bytes, batch, key_base, seed) =
                     (parse(bytes)?, parse(batch)?, parse(key_base)?, parse(seed)?);
                 let peer: i32 = peer.parse().map_err(|e| format!("{e}"))?;
-                let keys: Vec<i64> = (0..batch).map(|i| (key_base + i) as i64).collect();
-                let buffers = client.receive(0, &vec![bytes; batch], peer, &keys)?;
-                let events = buffers
-                    .iter()
-                    .map(|b| client.ready_event(b))
-                    .collect::<Result<Vec<_>>>()?;
-                let times = client.watch(events)?;
-                writeln!(out, "armed").map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())?;
-                let ready = times.wait(WAIT)?;
-                // Check every byte, outside the timed part.
-                let expected = pattern(bytes, seed);
-                let mut got = vec![0u8; bytes];
-                for (i, b) in buffers.iter().enumerate() {
-                    client.to_host(b, &mut got)?;
-                    if got != expected {
-                        return Err(format!(
-                            "buffer {i} of {bytes} bytes: received bytes differ from what was sent"
-                        ));
-                    }
-                }
-                drop(buffers);
-                let list: Vec<String> = ready.iter().map(u64::to_string).collect();
-                writeln!(out, "ready {}", list.join(" ")).map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())?;
+                receive_and_check(&client, &mut out, (bytes, batch, key_base, seed), peer)?;
             }
             ["quit"] => break,
             _ => return Err(format!("child: unknown command {line:?}")),
