@@ -17,6 +17,7 @@ use pjrt_crosshost::kv::{
 };
 use pjrt_crosshost::status::{self, Code, Outcome, Result};
 use pjrt_crosshost::sync::{AsyncWorkRunner, Metrics, MetricsSnapshot};
+use pjrt_crosshost::transfer::recv_state::RecordOutcome;
 use pjrt_crosshost::transfer::{
     CompletionKey, PendingReceive, Receipt, ReceiveConfig, ReceiveTracker,
 };
@@ -132,6 +133,47 @@ fn success_deletes_the_key_after_the_event_is_ready_and_try_get_is_not_found() {
         (1, 1, 0)
     );
     assert_eq!(h.tracker.outstanding(), 0);
+}
+
+#[test]
+fn publication_and_recording_run_on_the_lifecycle_runner_not_on_the_thread_that_observed_the_key() {
+    let h = Harness::new(ReceiveConfig::default());
+    let k = key(1, 1);
+    let current = || {
+        std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string()
+    };
+    let (recorded_tx, recorded_rx) = bounded(1);
+    let record: RecordOutcome = Box::new(move |_: &Outcome| {
+        recorded_tx.send(current()).unwrap();
+    });
+    let rx = h
+        .tracker
+        .begin_recording(k.clone(), 7, vec![], Some(record))
+        .unwrap();
+    let (published_tx, published_rx) = bounded(1);
+    rx.future()
+        .on_ready(move |_| published_tx.send(current()).unwrap());
+    // The memory store fires the AsyncGet on the thread that sets the key.
+    let store = h.store.clone();
+    let observer = std::thread::Builder::new()
+        .name("key-observer".into())
+        .spawn(move || store.set(k.as_str(), &ok(7)).unwrap())
+        .unwrap();
+    observer.join().unwrap();
+    let published_on = published_rx.recv_timeout(PATIENCE).expect("published");
+    let recorded_on = recorded_rx.recv_timeout(PATIENCE).expect("recorded");
+    assert_eq!(
+        published_on, "lifecycle-test-0",
+        "the outcome was published off the runner"
+    );
+    assert_eq!(
+        recorded_on, "lifecycle-test-0",
+        "the outcome was recorded off the runner"
+    );
+    assert_eq!(wait(&rx.future()), Ok(()));
 }
 
 #[test]
