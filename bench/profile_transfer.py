@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO / "bench"))
 # The steps, in the order a transfer meets them, and who marks them.
 STEPS = [
     ("receive_call", "receiver"),
-    ("aliases_made", "receiver"),
     ("destination_ready", "receiver"),
     ("wait_registered", "receiver"),
     ("descriptor_published", "receiver"),
+    ("aliases_made", "receiver"),
     ("receive_return", "receiver"),
     ("send_call", "sender"),
     ("descriptor_arrived", "sender"),

@@ -9,11 +9,14 @@ use super::element_type::{ElementType, Shape};
 use crate::backend::{Allocation, DevicePlacement};
 use crate::compute_plugin::{
     buffer_dims, buffer_element_type, watch_receive, ComputeClient, ComputeReceive, HeldSource,
-    InnerBuffer, InnerPtr,
+    InnerBuffer, InnerPtr, ReceiveWatch,
 };
 use crate::status::{internal, invalid_argument, Outcome, Result, Status};
 use crate::sync::Future;
-use crate::transfer::service::{BufferSpec, ReceiveRequest, RecordOutcomeWithBytes, SendSource};
+use crate::transfer::service::{
+    BufferSpec, ReceiveDestination, ReceiveRequest, RecordOutcomeWithBytes, SendSource,
+};
+use parking_lot::Mutex;
 
 /// A buffer a transfer reads: the embedded backend's, or a compute plugin's
 /// (the caller's handle of a delegating client's buffer).
@@ -113,30 +116,83 @@ impl Client {
         })
     }
 
-    /// Receive requests for `shapes` on `device`, and what the caller will
-    /// hold: our buffers on an embedded backend; on a delegating client, the
-    /// compute plugin's alias buffers, each fulfilled by its request's
-    /// record step with a view of the received bytes (or the error).
+    /// Receive requests for `shapes` on `device`. On a delegating client
+    /// each request records its outcome into an `AliasSlot`: the compute
+    /// plugin's alias buffer the caller will hold is made after the
+    /// destinations are open and their descriptors are out (`attach_aliases`),
+    /// so that the senders start while it is made.
     fn receive_requests(
         &self,
         device: &Arc<Device>,
         shapes: &[Shape],
-    ) -> Result<(Vec<ReceiveRequest>, Vec<Option<InnerBuffer>>)> {
-        let compute = match (self.compute(), &device.compute) {
-            (Some(compute), Some(_)) => compute,
-            _ => {
-                let requests = shapes.iter().map(|s| spec_of(s).into()).collect();
-                return Ok((requests, shapes.iter().map(|_| None).collect()));
-            }
+    ) -> (Vec<ReceiveRequest>, Option<Vec<Arc<AliasSlot>>>) {
+        if self.compute().is_none() || device.compute.is_none() {
+            return (shapes.iter().map(|s| spec_of(s).into()).collect(), None);
+        }
+        let slots: Vec<Arc<AliasSlot>> = shapes
+            .iter()
+            .map(|_| Arc::new(AliasSlot::default()))
+            .collect();
+        let requests = shapes
+            .iter()
+            .zip(&slots)
+            .map(|(shape, slot)| {
+                let slot = slot.clone();
+                let record: RecordOutcomeWithBytes =
+                    Box::new(move |outcome: &Outcome, bytes: &Allocation| {
+                        slot.record(outcome, bytes)
+                    });
+                ReceiveRequest {
+                    spec: spec_of(shape),
+                    record: Some(record),
+                }
+            })
+            .collect();
+        (requests, Some(slots))
+    }
+
+    /// The alias buffers of a delegating client's receive, one per slot,
+    /// each attached to its slot (fulfilled at once if its receive already
+    /// ended). If one cannot be made, every receive of the call is
+    /// cancelled with that error, and the call fails with it.
+    fn attach_aliases(
+        &self,
+        device: &Arc<Device>,
+        shapes: &[Shape],
+        slots: Option<Vec<Arc<AliasSlot>>>,
+        destinations: &[ReceiveDestination],
+    ) -> Result<Vec<Option<InnerBuffer>>> {
+        let Some(slots) = slots else {
+            return Ok(shapes.iter().map(|_| None).collect());
         };
+        let made = self.make_aliases(device, shapes, &slots);
+        if let Err(e) = &made {
+            for destination in destinations {
+                let _ = destination.receive.cancel(Status::new(
+                    e.code,
+                    format!("the receive's buffer could not be made: {}", e.message),
+                ));
+            }
+        }
+        made
+    }
+
+    fn make_aliases(
+        &self,
+        device: &Arc<Device>,
+        shapes: &[Shape],
+        slots: &[Arc<AliasSlot>],
+    ) -> Result<Vec<Option<InnerBuffer>>> {
+        let compute = self
+            .compute()
+            .ok_or_else(|| internal("a delegating receive without its compute plugin"))?;
         let memory = device
             .memory
             .compute
             .as_ref()
             .ok_or_else(|| internal("a delegating client's device has no compute memory"))?;
-        let mut requests = Vec::with_capacity(shapes.len());
         let mut handles = Vec::with_capacity(shapes.len());
-        for shape in shapes {
+        for (shape, slot) in shapes.iter().zip(slots) {
             let mut alias = ComputeReceive::create(
                 compute,
                 memory,
@@ -149,30 +205,13 @@ impl Client {
             // succeeded, reading its memory waits, or fails with its status.
             let watch = handle.as_ref().map(|h| watch_receive(h.raw()));
             handles.push(handle);
-            let byte_size = shape.byte_size();
-            let record: RecordOutcomeWithBytes =
-                Box::new(move |outcome: &Outcome, bytes: &Allocation| {
-                    let fulfilled = match outcome {
-                        Ok(()) => alias.fulfill_with_host_bytes(
-                            bytes.address(),
-                            byte_size,
-                            Box::new(bytes.clone()),
-                        ),
-                        Err(status) => alias.fail(status),
-                    };
-                    if let Err(e) = &fulfilled {
-                        log::error!("recording a received buffer in the compute plugin: {e}");
-                    }
-                    if let Some(watch) = watch {
-                        watch.settle(&outcome.clone().and(fulfilled));
-                    }
-                });
-            requests.push(ReceiveRequest {
-                spec: spec_of(shape),
-                record: Some(record),
+            slot.attach(AliasTarget {
+                alias,
+                watch,
+                byte_size: shape.byte_size(),
             });
         }
-        Ok((requests, handles))
+        Ok(handles)
     }
 
     /// v2 receive: one buffer per spec on `device`, each ready when its own
@@ -192,15 +231,17 @@ impl Client {
             .iter()
             .map(|s| (s.peer_global_device_id, s.transfer_key))
             .collect();
-        let (requests, handles) = self.receive_requests(device, &shapes)?;
-        crate::sync::timeline::mark_call(crate::sync::timeline::Point::AliasesMade);
+        let placement = self.placement(device, function)?;
+        let (requests, slots) = self.receive_requests(device, &shapes);
         let destinations = self.transfers().receive_v2(
             requests,
             device.global_id,
             &peers,
             incarnations.as_ref().map(|p| p.0.as_slice()),
-            &self.placement(device, function)?,
+            &placement,
         )?;
+        let handles = self.attach_aliases(device, &shapes, slots, &destinations)?;
+        crate::sync::timeline::mark_call(crate::sync::timeline::Point::AliasesMade);
         let received = received(device, shapes, destinations, handles).0;
         crate::timeline!("{function}: returning {} buffers", received.len());
         crate::sync::timeline::mark_call(crate::sync::timeline::Point::ReceiveReturn);
@@ -264,10 +305,10 @@ impl Client {
         function: &str,
     ) -> Result<(Vec<ReceivedBuffer>, Vec<Vec<u8>>)> {
         self.own_addressable_device(device, function)?;
-        let (requests, handles) = self.receive_requests(device, &shapes)?;
-        let destinations = self
-            .transfers()
-            .receive_v1(requests, &self.placement(device, function)?)?;
+        let placement = self.placement(device, function)?;
+        let (requests, slots) = self.receive_requests(device, &shapes);
+        let destinations = self.transfers().receive_v1(requests, &placement)?;
+        let handles = self.attach_aliases(device, &shapes, slots, &destinations)?;
         Ok(received(device, shapes, destinations, handles))
     }
 
@@ -324,7 +365,7 @@ impl Client {
 fn received(
     device: &Arc<Device>,
     shapes: Vec<Shape>,
-    destinations: Vec<crate::transfer::service::ReceiveDestination>,
+    destinations: Vec<ReceiveDestination>,
     handles: Vec<Option<InnerBuffer>>,
 ) -> (Vec<ReceivedBuffer>, Vec<Vec<u8>>) {
     let mut buffers = Vec::with_capacity(shapes.len());
@@ -371,4 +412,150 @@ fn compute_source(
         spec: spec_of(&shape),
         global_device_id: device.global_id,
     })
+}
+
+/// A delegating receive's alias buffer, what settles it, and its size.
+struct AliasTarget {
+    alias: ComputeReceive,
+    watch: Option<ReceiveWatch>,
+    byte_size: usize,
+}
+
+/// What the receive's outcome does to what the caller holds, once both exist.
+trait Settle {
+    fn settle(self, outcome: &Outcome, bytes: &Allocation);
+}
+
+impl Settle for AliasTarget {
+    /// Fulfils the alias with the received bytes, or fails it with the
+    /// receive's error; the watch settles with both.
+    fn settle(self, outcome: &Outcome, bytes: &Allocation) {
+        let fulfilled = match outcome {
+            Ok(()) => self.alias.fulfill_with_host_bytes(
+                bytes.address(),
+                self.byte_size,
+                Box::new(bytes.clone()),
+            ),
+            Err(status) => self.alias.fail(status),
+        };
+        if let Err(e) = &fulfilled {
+            log::error!("recording a received buffer in the compute plugin: {e}");
+        }
+        if let Some(watch) = self.watch {
+            watch.settle(&outcome.clone().and(fulfilled));
+        }
+    }
+}
+
+/// Where a delegating receive's outcome meets its alias buffer, whichever
+/// comes first: the receive's record step (on the lifecycle runner) or the
+/// receive call attaching the alias it made after the descriptors went out.
+/// The second of the two settles the alias, once, outside the lock.
+struct AliasSlot<T = AliasTarget>(Mutex<AliasState<T>>);
+
+enum AliasState<T> {
+    Empty,
+    Attached(T),
+    Ended(Outcome, Allocation),
+    Settled,
+}
+
+impl<T> Default for AliasSlot<T> {
+    fn default() -> AliasSlot<T> {
+        AliasSlot(Mutex::new(AliasState::Empty))
+    }
+}
+
+impl<T: Settle> AliasSlot<T> {
+    fn record(&self, outcome: &Outcome, bytes: &Allocation) {
+        let mut state = self.0.lock();
+        match std::mem::replace(&mut *state, AliasState::Settled) {
+            AliasState::Attached(target) => {
+                drop(state);
+                target.settle(outcome, bytes);
+            }
+            AliasState::Empty => *state = AliasState::Ended(outcome.clone(), bytes.clone()),
+            other => *state = other,
+        }
+    }
+
+    fn attach(&self, target: T) {
+        let mut state = self.0.lock();
+        match std::mem::replace(&mut *state, AliasState::Settled) {
+            AliasState::Ended(outcome, bytes) => {
+                drop(state);
+                target.settle(&outcome, &bytes);
+            }
+            AliasState::Empty => *state = AliasState::Attached(target),
+            other => *state = other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::backend::{host::HostBackend, Backend, MemoryCounters};
+    use crate::status::cancelled;
+
+    /// How often a probe was settled, and with what last.
+    type Seen = Arc<(AtomicUsize, Mutex<Option<Outcome>>)>;
+
+    /// Counts its settlements and remembers the last outcome.
+    struct Probe(Seen);
+
+    impl Settle for Probe {
+        fn settle(self, outcome: &Outcome, _bytes: &Allocation) {
+            self.0 .0.fetch_add(1, Ordering::SeqCst);
+            *self.0 .1.lock() = Some(outcome.clone());
+        }
+    }
+
+    fn probe() -> (Probe, Seen) {
+        let seen = Arc::new((AtomicUsize::new(0), Mutex::new(None)));
+        (Probe(seen.clone()), seen)
+    }
+
+    fn bytes() -> Allocation {
+        HostBackend::new(1)
+            .allocate(0, 16, Arc::new(MemoryCounters::default()))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_outcome_before_the_alias_settles_it_when_it_is_attached_once() {
+        let slot = AliasSlot::<Probe>::default();
+        slot.record(&Err(cancelled("gone")), &bytes());
+        let (target, seen) = probe();
+        assert_eq!(seen.0.load(Ordering::SeqCst), 0);
+        slot.attach(target);
+        assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+        assert_eq!(seen.1.lock().clone().unwrap().unwrap_err().message, "gone");
+        slot.record(&Ok(()), &bytes());
+        assert_eq!(seen.0.load(Ordering::SeqCst), 1, "settled once");
+    }
+
+    #[test]
+    fn an_alias_before_the_outcome_is_settled_by_the_record_step_once() {
+        let slot = AliasSlot::<Probe>::default();
+        let (target, seen) = probe();
+        slot.attach(target);
+        assert_eq!(
+            seen.0.load(Ordering::SeqCst),
+            0,
+            "nothing to settle with yet"
+        );
+        slot.record(&Ok(()), &bytes());
+        assert_eq!(seen.0.load(Ordering::SeqCst), 1);
+        assert_eq!(seen.1.lock().clone(), Some(Ok(())));
+        let (late, late_seen) = probe();
+        slot.attach(late);
+        assert_eq!(
+            late_seen.0.load(Ordering::SeqCst),
+            0,
+            "a settled slot takes no second alias"
+        );
+    }
 }

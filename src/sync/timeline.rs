@@ -38,7 +38,8 @@ macro_rules! timeline {
 pub enum Point {
     /// The receiver's CrossHostReceiveBuffers / MakeCrossHostReceiveBuffers.
     ReceiveCall = 1,
-    /// The compute plugin's alias buffers of a receive call exist.
+    /// The compute plugin's alias buffers of a receive call exist (made
+    /// once its descriptors are out).
     AliasesMade,
     /// A receive buffer's destination is allocated (and registered).
     DestinationReady,

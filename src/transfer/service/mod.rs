@@ -141,11 +141,13 @@ impl From<BufferSpec> for ReceiveRequest {
     }
 }
 
-/// One receive buffer's memory, readiness event and descriptor.
+/// One receive buffer's memory, readiness event and descriptor, and its
+/// receive (for the caller to cancel it when it cannot use the buffer).
 pub struct ReceiveDestination {
     pub memory: Allocation,
     pub definition: Future,
     pub descriptor: Vec<u8>,
+    pub receive: PendingReceive,
 }
 
 /// A source buffer for the send path.

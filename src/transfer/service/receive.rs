@@ -362,6 +362,7 @@ impl TransferService {
                 memory,
                 definition,
                 descriptor,
+                receive: receive.clone(),
             },
             receive,
         ))
