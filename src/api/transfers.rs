@@ -152,6 +152,7 @@ impl Client {
     }
 
     /// The alias buffers of a delegating client's receive, one per slot,
+    /// each with its view of the destination made ahead of the bytes, and
     /// each attached to its slot (fulfilled at once if its receive already
     /// ended). If one cannot be made, every receive of the call is
     /// cancelled with that error, and the call fails with it.
@@ -165,7 +166,7 @@ impl Client {
         let Some(slots) = slots else {
             return Ok(shapes.iter().map(|_| None).collect());
         };
-        let made = self.make_aliases(device, shapes, &slots);
+        let made = self.make_aliases(device, shapes, &slots, destinations);
         if let Err(e) = &made {
             for destination in destinations {
                 let _ = destination.receive.cancel(Status::new(
@@ -182,6 +183,7 @@ impl Client {
         device: &Arc<Device>,
         shapes: &[Shape],
         slots: &[Arc<AliasSlot>],
+        destinations: &[ReceiveDestination],
     ) -> Result<Vec<Option<InnerBuffer>>> {
         let compute = self
             .compute()
@@ -192,7 +194,7 @@ impl Client {
             .as_ref()
             .ok_or_else(|| internal("a delegating client's device has no compute memory"))?;
         let mut handles = Vec::with_capacity(shapes.len());
-        for (shape, slot) in shapes.iter().zip(slots) {
+        for ((shape, slot), destination) in shapes.iter().zip(slots).zip(destinations) {
             let mut alias = ComputeReceive::create(
                 compute,
                 memory,
@@ -200,6 +202,8 @@ impl Client {
                 &shape.dims,
                 shape.element_type.is_sub_byte(),
             )?;
+            let bytes = &destination.memory;
+            alias.prepare_view(bytes.address(), Box::new(bytes.clone()));
             let handle = alias.take_handle();
             // Entered before the caller sees the handle: until the receive
             // succeeded, reading its memory waits, or fails with its status.

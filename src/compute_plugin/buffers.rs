@@ -268,6 +268,9 @@ pub struct AliasBuffer {
     memory: InnerPtr,
     element_type: PJRT_Buffer_Type,
     dims: Vec<i64>,
+    /// A view of the destination made ahead of the bytes (`prepare_view`),
+    /// handed to the plugin only when the alias is fulfilled.
+    view: Option<InnerBuffer>,
 }
 
 // SAFETY: the inner handles are thread-safe per the PJRT C API; the fulfil
@@ -327,7 +330,19 @@ impl AliasBuffer {
             memory: memory.memory,
             element_type,
             dims: dims.to_vec(),
+            view: None,
         })
+    }
+
+    /// Makes the view of the destination at `address` now, while its bytes
+    /// are still on their way, so that fulfilment only hands it over. The
+    /// view is nobody's until then. A plugin that cannot view host memory
+    /// gets a copy at fulfilment instead, as without this.
+    pub fn prepare_view(&mut self, address: usize, keep: KeepAlive) {
+        match self.view_of(address, keep) {
+            Ok(view) => self.view = Some(view),
+            Err(e) => log::debug!("compute plugin cannot view host memory ahead ({e})"),
+        }
     }
 
     /// The alias itself, for the caller; fulfilment stays with us.
@@ -345,12 +360,15 @@ impl AliasBuffer {
         len: usize,
         keep: KeepAlive,
     ) -> Outcome {
-        let view = self.view_of(address, keep).or_else(|view_error| {
-            log::debug!(
+        let prepared = self.view.take().map(Ok);
+        let view = prepared
+            .unwrap_or_else(|| self.view_of(address, keep))
+            .or_else(|view_error| {
+                log::debug!(
                 "compute plugin cannot view host memory ({view_error}); copying the received bytes"
             );
-            self.copy_of(address, len)
-        });
+                self.copy_of(address, len)
+            });
         crate::sync::timeline::mark_call(crate::sync::timeline::Point::ViewMade);
         match view {
             Ok(buffer) => self.fulfill(buffer.raw(), Ok(())),
@@ -368,8 +386,10 @@ impl AliasBuffer {
         }
     }
 
-    /// Fulfils the alias with an error: the receive failed.
+    /// Fulfils the alias with an error: the receive failed (a prepared view
+    /// is dropped with it).
     pub fn fail(mut self, status: &Status) -> Outcome {
+        self.view = None;
         self.fulfill(std::ptr::null_mut(), Err(status.clone()))
     }
 
@@ -707,6 +727,14 @@ impl ComputeReceive {
     }
 
     /// Records the received bytes (`len` at `address`, kept alive by `keep`).
+    /// A view of the destination ahead of its bytes, where the buffer is an
+    /// alias (see `AliasBuffer::prepare_view`); a staged buffer copies.
+    pub fn prepare_view(&mut self, address: usize, keep: KeepAlive) {
+        if let ComputeReceive::Alias(alias) = self {
+            alias.prepare_view(address, keep);
+        }
+    }
+
     pub fn fulfill_with_host_bytes(self, address: usize, len: usize, keep: KeepAlive) -> Outcome {
         match self {
             ComputeReceive::Alias(alias) => alias.fulfill_with_host_bytes(address, len, keep),
