@@ -162,6 +162,26 @@ def analyse(sender: dict, receiver: dict) -> tuple[list, list]:
     return table, totals
 
 
+def plugin_part(sender: dict, receiver: dict) -> list:
+    """Per transfer, µs from the later of the two entry calls (the
+    receiver's receive call, the sender's send call) to the caller's buffer
+    fulfilled (`recorded`): the plugin's own part of a transfer."""
+    import bisect
+
+    def stamps(marks, point):
+        return sorted(ns for ns, p, _key, _thread in marks if p == point)
+
+    receive_calls = stamps(receiver["marks"], "receive_call")
+    send_calls = stamps(sender["marks"], "send_call")
+    parts = []
+    for recorded in stamps(receiver["marks"], "recorded"):
+        i = bisect.bisect_right(receive_calls, recorded) - 1
+        j = bisect.bisect_right(send_calls, recorded) - 1
+        if i >= 0 and j >= 0:
+            parts.append((recorded - max(receive_calls[i], send_calls[j])) / 1e3)
+    return parts
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         pid, coordinator, nbytes, reps, out = sys.argv[2:7]
@@ -199,6 +219,12 @@ def main() -> None:
         print(f"{name:<22} {who:<9} {median:8.1f} {median - previous:8.1f}")
         previous = median
     print(f"{'block_until_ready':<22} {'receiver':<9} {statistics.median(totals):8.1f}")
+    parts = plugin_part(*marked)
+    if parts:
+        ordered = sorted(parts)
+        print(f"plugin's part (later entry call -> buffer fulfilled), per transfer: "
+              f"p50 {statistics.median(parts):.1f} µs, p25 {ordered[len(ordered) // 4]:.1f}, "
+              f"p75 {ordered[3 * len(ordered) // 4]:.1f}")
     print(f"whole receive with marks: {statistics.median(totals):.1f} µs; "
           f"without (same run, another job): {statistics.median(plain_totals):.1f} µs")
 
