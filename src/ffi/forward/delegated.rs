@@ -270,15 +270,15 @@ client_forward!(
         // JAX 0.10.2 and 0.12). The bytes are copied, as JAX's own CPU
         // backend does.
         let _semantics = ((*raw).host_buffer_semantics
-        == PJRT_HostBufferSemantics_kImmutableZeroCopy)
-        .then(|| {
-        substitute(
-        addr_of_mut!((*raw).host_buffer_semantics),
-        PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
-        )
-        });
+            == PJRT_HostBufferSemantics_kImmutableZeroCopy)
+            .then(|| {
+                substitute(
+                    addr_of_mut!((*raw).host_buffer_semantics),
+                    PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+                )
+            });
         if (*raw).num_dims > 0 && (*raw).dims.is_null() {
-        return Err(null_field(F, "dims"));
+            return Err(null_field(F, "dims"));
         }
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), true, F, "memory")?;
@@ -298,7 +298,7 @@ client_forward!(
     prepare {
         ElementType::from_raw((*raw).element_type, F)?;
         let covers_memory =
-        crate::has_field!(*raw, PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
+            crate::has_field!(*raw, PJRT_Client_CreateViewOfDeviceBuffer_Args, memory);
         let _device = swap_device(addr_of_mut!((*raw).device), true, F, "device")?;
         let _memory = swap_memory(addr_of_mut!((*raw).memory), covers_memory, F, "memory")?;
     }
