@@ -41,11 +41,7 @@ impl TransferService {
         for ((request, key), reservation) in requests.into_iter().zip(keys).zip(reservations) {
             opened.push(self.open_destination(request, key, None, route, placement, reservation));
         }
-        Ok(self
-            .all_or_none(opened)?
-            .into_iter()
-            .map(|(destination, _)| destination)
-            .collect())
+        self.all_or_none(opened)
     }
 
     /// v2: one destination per buffer, its descriptor published under the
@@ -124,7 +120,8 @@ impl TransferService {
             }
         };
         let mut destinations = Vec::with_capacity(opened.len());
-        for ((destination, receive), desc_key) in opened.into_iter().zip(&desc_keys) {
+        for (destination, desc_key) in opened.into_iter().zip(&desc_keys) {
+            let receive = destination.receive.clone();
             self.publish_descriptor(desc_key, &destination.descriptor, receive);
             // Armed by the kill tests: this process dies with one
             // descriptor out and the rest not yet published.
@@ -212,13 +209,13 @@ impl TransferService {
     /// did open (so none waits for a sender until its deadline).
     fn all_or_none(
         &self,
-        opened: Vec<Result<(ReceiveDestination, PendingReceive)>>,
-    ) -> Result<Vec<(ReceiveDestination, PendingReceive)>> {
+        opened: Vec<Result<ReceiveDestination>>,
+    ) -> Result<Vec<ReceiveDestination>> {
         let Some(failure) = opened.iter().find_map(|o| o.as_ref().err()).cloned() else {
             return Ok(opened.into_iter().filter_map(|o| o.ok()).collect());
         };
-        for (_, receive) in opened.into_iter().flatten() {
-            let _ = receive.cancel(Status::new(
+        for destination in opened.into_iter().flatten() {
+            let _ = destination.receive.cancel(Status::new(
                 failure.code,
                 format!(
                     "another buffer of this receive could not be set up: {}",
@@ -238,7 +235,7 @@ impl TransferService {
         route: Route,
         placement: &DevicePlacement,
         reservation: Option<BudgetLease>,
-    ) -> Result<(ReceiveDestination, PendingReceive)> {
+    ) -> Result<ReceiveDestination> {
         const F: &str = "receive";
         let ReceiveRequest { spec, record } = request;
         crate::timeline!(
@@ -357,15 +354,12 @@ impl TransferService {
             }
             destination.release(outcome);
         });
-        Ok((
-            ReceiveDestination {
-                memory,
-                definition,
-                descriptor,
-                receive: receive.clone(),
-            },
+        Ok(ReceiveDestination {
+            memory,
+            definition,
+            descriptor,
             receive,
-        ))
+        })
     }
 
     /// v1 cancellation of one descriptor's buffer.
