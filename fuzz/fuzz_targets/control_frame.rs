@@ -1,4 +1,5 @@
-//! The control link's `read_frame` (short reads, deadline) and `split_key`.
+//! The control link's `read_frame` (short reads, deadline), its buffered
+//! `FrameReader` against it, and `split_key`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 

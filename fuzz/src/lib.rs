@@ -17,7 +17,8 @@ use pjrt_crosshost::transfer::keys::{descriptor_key, reader_of, validate_epoch, 
 use pjrt_crosshost::transfer::session::{LocalDevices, ProcessEntry, Session};
 use pjrt_crosshost::transfer::{CompletionKey, Receipt};
 use pjrt_crosshost::transport::control::{
-    decode_frame_for_fuzzing, encode_frame_for_fuzzing, split_key_for_fuzzing, ControlEndpoint,
+    decode_frame_for_fuzzing, decode_frames_for_fuzzing, encode_frame_for_fuzzing,
+    split_key_for_fuzzing, ControlEndpoint,
     Secret, MAX_FRAME,
 };
 use pjrt_crosshost::transport::tcp::wire::{
@@ -252,6 +253,7 @@ pub fn check_control_frame(bytes: &[u8]) {
         n => n as usize,
     };
     let with_deadline = how & 0x80 != 0;
+    check_frame_reader(stream, max_read);
     let (op, id, payload) = match decode_frame_for_fuzzing(stream, max_read, with_deadline) {
         Ok(frame) => frame,
         Err(error) => {
@@ -278,6 +280,31 @@ pub fn check_control_frame(bytes: &[u8]) {
         again.extend_from_slice(value);
         assert_eq!(again, payload, "split_key does not cover its payload");
     }
+}
+
+/// The buffered `FrameReader` of an open link yields exactly the frames
+/// `read_frame` reads one after another, and ends (EOF or a bad length)
+/// where they end.
+fn check_frame_reader(stream: &[u8], max_read: usize) {
+    let (frames, end) = decode_frames_for_fuzzing(stream, max_read);
+    assert!(
+        matches!(
+            end.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData
+        ),
+        "{end}"
+    );
+    let mut rest = stream;
+    for (op, id, payload) in &frames {
+        let (op2, id2, payload2) = decode_frame_for_fuzzing(rest, usize::MAX, false)
+            .expect("read_frame reads what FrameReader read");
+        assert_eq!((op, id, payload), (&op2, &id2, &payload2));
+        rest = &rest[13 + payload.len()..];
+    }
+    assert!(
+        decode_frame_for_fuzzing(rest, usize::MAX, false).is_err(),
+        "FrameReader stopped before a frame read_frame reads"
+    );
 }
 
 // ----------------------------------- keys ------------------------------------

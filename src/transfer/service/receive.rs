@@ -119,15 +119,20 @@ impl TransferService {
                 return Err(failure);
             }
         };
+        // The first descriptor goes at once, so its sender starts; the rest
+        // go out together, one write per sending process.
         let mut destinations = Vec::with_capacity(opened.len());
+        let mut together = None;
         for (destination, desc_key) in opened.into_iter().zip(&desc_keys) {
             let receive = destination.receive.clone();
             self.publish_descriptor(desc_key, &destination.descriptor, receive);
             // Armed by the kill tests: this process dies with one
             // descriptor out and the rest not yet published.
             kill_points::reached(kill_points::RECEIVER_AFTER_DESCRIPTOR);
+            together.get_or_insert_with(crate::transport::control::cork);
             destinations.push(destination);
         }
+        drop(together);
         Ok(destinations)
     }
 

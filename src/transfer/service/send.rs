@@ -601,6 +601,9 @@ impl TransferService {
         }
         // Each send holds its bytes until delivered: past the bound a send
         // fails at once rather than queueing behind a receiver that stopped.
+        // Sends whose descriptors are here already copy and set their
+        // receipts on this thread: the receipts go out together.
+        let together = crate::transport::control::cork();
         let mut futures = Vec::with_capacity(plan.len());
         for ((source, (desc_key, peer)), dst) in sources.into_iter().zip(plan).zip(destinations) {
             if let Some(e) = gone.get(&peer) {
@@ -617,6 +620,7 @@ impl TransferService {
                 Err(e) => futures.push(Future::ready(Err(e))),
             }
         }
+        drop(together);
         for future in &futures {
             self.count_failure(future);
         }

@@ -83,6 +83,109 @@ pub(super) fn read_frame(
     Ok((op, id, payload))
 }
 
+/// Reads frames from a stream that stays open (after HELLO): one `read`
+/// takes whatever the peer has written, however many frames that is, so a
+/// burst (a batch's descriptors, its receipts, their acks) costs one
+/// syscall, not two per frame; and the reader can tell whether another frame
+/// is already here, which is what lets the server answer a burst at once.
+pub(super) struct FrameReader {
+    buf: Vec<u8>,
+    /// Unread bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+}
+
+/// What one `read` asks for at least (a burst of frames, a descriptor or
+/// receipt being a few hundred bytes).
+const READ_CHUNK: usize = 64 << 10;
+
+impl FrameReader {
+    pub(super) fn new() -> FrameReader {
+        FrameReader {
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// The next frame, `(op, id, payload)`: a buffered one, else what the
+    /// stream delivers next (blocking).
+    pub(super) fn next(&mut self, stream: &mut dyn Stream) -> io::Result<(u8, u64, Vec<u8>)> {
+        loop {
+            if let Some(frame) = self.take()? {
+                return Ok(frame);
+            }
+            let wanted = self
+                .pending_len()?
+                .map_or(READ_CHUNK, |len| len.max(READ_CHUNK));
+            if self.buf.len() - self.start < wanted {
+                // Move what is unread to the front, and grow for a frame
+                // larger than the buffer (bounded by MAX_FRAME).
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+                if self.buf.len() < wanted {
+                    self.buf.resize(wanted, 0);
+                }
+            }
+            match stream.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "control link closed",
+                    ))
+                }
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether a whole frame is buffered: `next` would return without
+    /// reading.
+    pub(super) fn has_frame(&self) -> bool {
+        matches!(self.pending_len(), Ok(Some(len)) if self.end - self.start >= len)
+    }
+
+    /// The whole length (header included) of the frame that starts the
+    /// unread bytes, once its length is here; an error for a length no
+    /// frame has.
+    fn pending_len(&self) -> io::Result<Option<usize>> {
+        if self.end - self.start < 4 {
+            return Ok(None);
+        }
+        let header = &self.buf[self.start..self.start + 4];
+        let len = u32::from_le_bytes(header.try_into().expect("4 bytes")) as usize;
+        if !(9..=MAX_FRAME).contains(&len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame length {len}"),
+            ));
+        }
+        Ok(Some(4 + len))
+    }
+
+    fn take(&mut self) -> io::Result<Option<(u8, u64, Vec<u8>)>> {
+        let Some(len) = self.pending_len()? else {
+            return Ok(None);
+        };
+        if self.end - self.start < len {
+            return Ok(None);
+        }
+        let bytes = &self.buf[self.start..self.start + len];
+        let op = bytes[4];
+        let id = u64::from_le_bytes(bytes[5..13].try_into().expect("8 bytes"));
+        let payload = bytes[13..].to_vec();
+        self.start += len;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(Some((op, id, payload)))
+    }
+}
+
 /// `read_exact`, with one deadline for all of it (a peer trickling a byte at
 /// a time cannot extend it).
 pub(super) fn read_exact_by(

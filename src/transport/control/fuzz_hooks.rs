@@ -53,6 +53,24 @@ pub fn decode_frame_for_fuzzing(
     read_frame(&mut stream, deadline)
 }
 
+/// Every frame `FrameReader` gets from `bytes` (delivered at most
+/// `max_read` bytes per read), and the error that ended them.
+#[doc(hidden)]
+pub fn decode_frames_for_fuzzing(
+    bytes: &[u8],
+    max_read: usize,
+) -> (Vec<(u8, u64, Vec<u8>)>, io::Error) {
+    let mut stream = FuzzStream { bytes, max_read };
+    let mut reader = FrameReader::new();
+    let mut frames = Vec::new();
+    loop {
+        match reader.next(&mut stream) {
+            Ok(frame) => frames.push(frame),
+            Err(e) => return (frames, e),
+        }
+    }
+}
+
 /// `frame` with one payload part.
 #[doc(hidden)]
 pub fn encode_frame_for_fuzzing(op: u8, id: u64, payload: &[u8]) -> Vec<u8> {

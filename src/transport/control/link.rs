@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use crate::status::{self, Code, Result, Status};
 use crate::sync::{DeadlineTimer, TimerId};
 
+use super::cork::{self, cork, Cork};
 use super::frame::*;
 use super::secret::*;
 use super::{spawn, ControlEndpoint};
@@ -169,8 +170,17 @@ impl ControlLink {
         let dropping = link.dropping.clone();
         let reported = link.reported.clone();
         let timer = link.timer.clone();
+        let mut frames = FrameReader::new();
+        // What the acks of one burst set off (a waiter that makes another
+        // request) goes out together, once the burst is answered.
+        let mut burst: Option<Cork> = None;
         let handle = spawn("crosshost-ctl-acks", move || loop {
-            match read_frame(&mut *reader, None) {
+            if !frames.has_frame() {
+                burst = None;
+            }
+            let next = frames.next(&mut *reader);
+            burst.get_or_insert_with(cork);
+            match next {
                 Ok((op, id, payload)) => {
                     let outcome = match op {
                         OP_ACK => Ok(()),
@@ -232,27 +242,49 @@ impl ControlLink {
         Ok(())
     }
 
-    /// Sends a request whose ack goes to `waiter`. If it could not be
-    /// written, the waiter comes back with the error (nobody will answer it).
+    /// Sends a request whose ack goes to `waiter`; `corkable` (an
+    /// asynchronous request) waits for the thread's cork, if it holds one.
+    /// If it could not be written, the waiter comes back with the error
+    /// (nobody will answer it).
     fn send(
         &self,
         id: u64,
-        op: u8,
-        key: &str,
-        value: &[u8],
+        (op, key, value): (u8, &str, &[u8]),
         waiter: Waiter,
+        corkable: Option<&Arc<ControlLink>>,
     ) -> std::result::Result<u64, (Status, Waiter)> {
         if let Err(e) = Self::check_size(key, value) {
             return Err((e, waiter));
         }
         self.waiters.lock().insert(id, waiter);
-        let message = frame(
+        let mut message = frame(
             op,
             id,
             &[&(key.len() as u16).to_le_bytes(), key.as_bytes(), value],
         );
-        let written = self.writer.lock().write_all(&message);
-        let failure = match written {
+        match corkable {
+            Some(link) => match cork::defer(link, id, message) {
+                None => return Ok(id),
+                Some(unsent) => message = unsent,
+            },
+            // Whatever this thread corked goes first: the answer to this
+            // request may depend on it.
+            None => cork::flush(),
+        }
+        match self.write(&message) {
+            None => Ok(id),
+            Some(e) => match self.waiters.lock().remove(&id) {
+                Some(waiter) => Err((e, waiter)),
+                // The reader already answered it (the link broke after the
+                // write): that answer stands.
+                None => Ok(id),
+            },
+        }
+    }
+
+    /// Writes frames; the error, if they did not all go out on a live link.
+    fn write(&self, bytes: &[u8]) -> Option<Status> {
+        match self.writer.lock().write_all(bytes) {
             Err(e) => {
                 self.broken.store(true, Ordering::Release);
                 report_closed(self.peer, &self.on_closed, &self.dropping, &self.reported);
@@ -266,15 +298,19 @@ impl ControlLink {
                 self.peer
             ))),
             Ok(()) => None,
+        }
+    }
+
+    /// Writes the requests `ids` a cork held (`cork.rs`); a failed write
+    /// fails those of them nobody answered yet.
+    pub(super) fn write_corked(&self, bytes: &[u8], ids: &[u64]) {
+        let Some(e) = self.write(bytes) else { return };
+        let failed: Vec<Waiter> = {
+            let mut waiters = self.waiters.lock();
+            ids.iter().filter_map(|id| waiters.remove(id)).collect()
         };
-        match failure {
-            None => Ok(id),
-            Some(e) => match self.waiters.lock().remove(&id) {
-                Some(waiter) => Err((e, waiter)),
-                // The reader already answered it (the link broke after the
-                // write): that answer stands.
-                None => Ok(id),
-            },
+        for waiter in failed {
+            waiter.complete(Err(e.clone()), &self.timer);
         }
     }
 
@@ -282,7 +318,7 @@ impl ControlLink {
         let (tx, rx) = bounded(1);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = self
-            .send(id, op, key, value, Waiter::Blocking(tx))
+            .send(id, (op, key, value), Waiter::Blocking(tx), None)
             .map_err(|(e, _)| e)?;
         match rx.recv_timeout(self.timeout) {
             Ok(outcome) => outcome,
@@ -332,9 +368,8 @@ impl ControlLink {
                 ))));
             }
         });
-        if let Err((e, waiter)) =
-            self.send(id, op, key, value, Waiter::Callback(done, Some(deadline)))
-        {
+        let waiter = Waiter::Callback(done, Some(deadline));
+        if let Err((e, waiter)) = self.send(id, (op, key, value), waiter, Some(self)) {
             waiter.complete(Err(e), &self.timer);
         }
     }

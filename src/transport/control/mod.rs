@@ -19,6 +19,7 @@
 //! then the op's payload. SET: `u16 key length`, key, value. DELETE: key.
 //! ACK: nothing. NACK: `u32 code`, message. HELLO: 32-byte secret, `u32`
 //! process index.
+mod cork;
 mod frame;
 #[cfg(feature = "fuzzing")]
 mod fuzz_hooks;
@@ -32,6 +33,7 @@ use std::time::Duration;
 
 use crate::status::{self, Result};
 
+pub use cork::{cork, Cork};
 pub use frame::*;
 #[cfg(feature = "fuzzing")]
 pub use fuzz_hooks::*;

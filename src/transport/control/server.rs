@@ -18,7 +18,7 @@ use crate::transport::random::random_u64;
 
 use super::frame::*;
 use super::secret::*;
-use super::{spawn, ControlConfig, ControlEndpoint, ControlHandler};
+use super::{cork, spawn, ControlConfig, ControlEndpoint, ControlHandler, Cork};
 
 /// Streams being served, so that shutdown can cut them off.
 #[derive(Default)]
@@ -202,10 +202,27 @@ impl Serve {
                 return;
             }
         };
-        // Authenticated: requests until the peer goes away.
+        // Authenticated: requests until the peer goes away. A burst of them
+        // (a batch's descriptors or receipts) is answered with one write of
+        // its acks, after the writes its handling made on our own links
+        // (a small send's receipt) went out together.
         let _ = stream.set_timeouts(None, Some(self.config.request_timeout));
+        let mut frames = FrameReader::new();
+        let mut acks = Vec::new();
+        let mut burst: Option<Cork> = None;
         loop {
-            let (op, id, payload) = match read_frame(&mut *stream, None) {
+            if !frames.has_frame() {
+                burst = None;
+                if !acks.is_empty() {
+                    if stream.write_all(&acks).is_err() {
+                        return;
+                    }
+                    acks.clear();
+                }
+            }
+            let next = frames.next(&mut *stream);
+            burst.get_or_insert_with(cork);
+            let (op, id, payload) = match next {
                 Ok(frame) => frame,
                 Err(e) => {
                     if !self.stopping.load(Ordering::Acquire) {
@@ -227,13 +244,10 @@ impl Serve {
                     "control link: bad request op {op}"
                 ))),
             };
-            let reply = match outcome {
+            acks.extend_from_slice(&match outcome {
                 Ok(()) => frame(OP_ACK, id, &[]),
                 Err(e) => frame(OP_NACK, id, &[&nack_payload(&e)]),
-            };
-            if stream.write_all(&reply).is_err() {
-                return;
-            }
+            });
         }
     }
 }

@@ -272,3 +272,207 @@ fn secrets_and_endpoints_round_trip_through_text() {
     assert_eq!(ControlEndpoint::decode(&endpoint.encode()), Some(endpoint));
     assert_eq!(ControlEndpoint::decode("tcp=1.2.3.4:5"), None);
 }
+
+/// Hands out `bytes` at most `max_read` at a time, then EOF.
+struct Chunked {
+    bytes: Vec<u8>,
+    at: usize,
+    max_read: usize,
+    reads: usize,
+}
+
+impl std::io::Read for Chunked {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.reads += 1;
+        let n = buf.len().min(self.max_read).min(self.bytes.len() - self.at);
+        buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+impl Write for Chunked {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Stream for Chunked {
+    fn shutdown_both(&self) {}
+    fn try_clone_box(&self) -> std::io::Result<Box<dyn Stream>> {
+        unimplemented!("not cloned in these tests")
+    }
+    fn set_timeouts(&self, _: Option<Duration>, _: Option<Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
+    // Small frames, and one larger than a read chunk (it grows the buffer).
+    let frames: Vec<(u8, u64, Vec<u8>)> = (0..40u64)
+        .map(|i| {
+            let len = if i == 17 { 200_000 } else { i as usize * 3 };
+            (OP_SET, i, (0..len).map(|b| (b as u64 ^ i) as u8).collect())
+        })
+        .collect();
+    let bytes: Vec<u8> = frames
+        .iter()
+        .flat_map(|(op, id, payload)| frame(*op, *id, &[payload]))
+        .collect();
+    for max_read in [1, 7, 4096, usize::MAX] {
+        let mut stream = Chunked {
+            bytes: bytes.clone(),
+            at: 0,
+            max_read,
+            reads: 0,
+        };
+        let mut reader = FrameReader::new();
+        for expected in &frames {
+            assert_eq!(
+                &reader.next(&mut stream).unwrap(),
+                expected,
+                "max_read {max_read}"
+            );
+        }
+        assert!(!reader.has_frame());
+        let end = reader.next(&mut stream).unwrap_err();
+        assert_eq!(end.kind(), std::io::ErrorKind::UnexpectedEof, "{end}");
+    }
+    // A burst of small frames that arrived together is one read, and the
+    // reader knows the next frame is already here.
+    let burst: Vec<u8> = (0..16u64).flat_map(|i| frame(OP_ACK, i, &[])).collect();
+    let mut stream = Chunked {
+        bytes: burst,
+        at: 0,
+        max_read: usize::MAX,
+        reads: 0,
+    };
+    let mut reader = FrameReader::new();
+    for i in 0..16u64 {
+        assert_eq!(reader.next(&mut stream).unwrap().1, i);
+        assert_eq!(reader.has_frame(), i < 15);
+    }
+    assert_eq!(stream.reads, 1);
+    // A length no frame has ends the stream.
+    let mut bad = frame(OP_SET, 1, &[b"ok"]);
+    bad.extend_from_slice(&((MAX_FRAME + 1) as u32).to_le_bytes());
+    bad.extend_from_slice(&[0; 9]);
+    let mut stream = Chunked {
+        bytes: bad,
+        at: 0,
+        max_read: usize::MAX,
+        reads: 0,
+    };
+    let mut reader = FrameReader::new();
+    assert_eq!(reader.next(&mut stream).unwrap().2, b"ok");
+    let end = reader.next(&mut stream).unwrap_err();
+    assert_eq!(end.kind(), std::io::ErrorKind::InvalidData, "{end}");
+}
+
+#[test]
+fn corked_requests_go_out_when_the_cork_drops_in_order_and_all_complete() {
+    let secret = Secret::generate().unwrap();
+    let (recorder, server, _handler) = server(secret, ControlConfig::default());
+    let link = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        4,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
+    let held = cork();
+    for i in 0..10 {
+        let done_tx = done_tx.clone();
+        link.set_async(
+            &format!("c{i}"),
+            &[i],
+            Box::new(move |outcome| done_tx.send((i, outcome)).unwrap()),
+        );
+    }
+    // Held, not written: nothing can have been answered.
+    assert_eq!(cork::corked_requests(), 10);
+    assert!(done_rx.try_recv().is_err());
+    // A nested cork is the same cork: dropping it writes nothing.
+    drop(cork());
+    assert_eq!(cork::corked_requests(), 10);
+    // A blocking request does not wait behind them: they go first.
+    link.set("blocking", b"b").unwrap();
+    assert_eq!(cork::corked_requests(), 0);
+    let keys: Vec<String> = recorder
+        .sets
+        .lock()
+        .iter()
+        .map(|(_, k, _)| k.clone())
+        .collect();
+    let expected: Vec<String> = (0..10)
+        .map(|i| format!("c{i}"))
+        .chain(["blocking".to_string()])
+        .collect();
+    assert_eq!(keys, expected);
+    link.set_async(
+        "after",
+        b"a",
+        Box::new(move |outcome| done_tx.send((10, outcome)).unwrap()),
+    );
+    assert_eq!(cork::corked_requests(), 1);
+    drop(held);
+    assert_eq!(cork::corked_requests(), 0);
+    let mut answered: Vec<u8> = (0..11)
+        .map(|_| {
+            let (i, outcome) = done_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            outcome.unwrap();
+            i
+        })
+        .collect();
+    answered.sort();
+    assert_eq!(answered, (0..11).collect::<Vec<u8>>());
+    assert_eq!(recorder.sets.lock().last().unwrap().1, "after");
+}
+
+#[test]
+fn corked_requests_on_a_link_that_closed_fail_once_each() {
+    let secret = Secret::generate().unwrap();
+    let (_recorder, server, handler) = server(secret, ControlConfig::default());
+    let link = ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        5,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let (done_tx, done_rx) = crossbeam_channel::unbounded();
+    let held = cork();
+    for i in 0..3 {
+        let done_tx = done_tx.clone();
+        link.set_async(
+            &format!("lost{i}"),
+            b"x",
+            Box::new(move |outcome| done_tx.send(outcome).unwrap()),
+        );
+    }
+    drop(server);
+    drop(handler);
+    eventually("the link notices its peer is gone", || link.is_broken());
+    drop(held);
+    for _ in 0..3 {
+        let err = done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.code, Code::Unavailable, "{err}");
+    }
+    drop(link);
+    // Its drop answers whatever still waits: nothing is answered twice.
+    assert!(done_rx.try_recv().is_err());
+}
