@@ -8,13 +8,24 @@
 //! the work items are completion steps, and dropping one would strand a
 //! promise or leave a key behind; running it late but exactly once is the
 //! lesser evil.
+use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use crossbeam_channel::{unbounded, Sender};
 use parking_lot::Mutex;
 
 type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// Opens a scope held while a worker runs a burst (the items queued back to
+/// back); dropped when the queue is empty. The transfer layer corks its
+/// control links with it, so the deletes a burst of publications makes go
+/// out together.
+pub type BurstScope = Arc<dyn Fn() -> Box<dyn Any> + Send + Sync>;
+
+/// The most items one burst scope covers.
+const MAX_BURST: usize = 64;
 
 pub struct AsyncWorkRunner {
     name: String,
@@ -25,16 +36,36 @@ pub struct AsyncWorkRunner {
 impl AsyncWorkRunner {
     /// Starts `threads` workers (at least one) named `<name>-<i>`.
     pub fn new(name: &str, threads: usize) -> AsyncWorkRunner {
+        Self::with_bursts(name, threads, None)
+    }
+
+    /// As `new`, each worker holding `burst`'s scope while it runs items
+    /// queued back to back.
+    pub fn with_bursts(name: &str, threads: usize, burst: Option<BurstScope>) -> AsyncWorkRunner {
         let (sender, receiver) = unbounded::<Work>();
         let workers = (0..threads.max(1))
             .map(|i| {
                 let receiver = receiver.clone();
                 let thread_name = format!("{name}-{i}");
+                let burst = burst.clone();
                 thread::Builder::new()
                     .name(thread_name.clone())
                     .spawn(move || {
-                        for work in receiver.iter() {
+                        while let Ok(work) = receiver.recv() {
+                            let mut scope = burst.as_ref().map(|open| open());
                             run_guarded(&thread_name, work);
+                            let mut in_scope = 1;
+                            while let Ok(work) = receiver.try_recv() {
+                                // A queue that never empties still closes
+                                // its scope now and then.
+                                if in_scope == MAX_BURST {
+                                    drop(scope.take());
+                                    scope = burst.as_ref().map(|open| open());
+                                    in_scope = 0;
+                                }
+                                run_guarded(&thread_name, work);
+                                in_scope += 1;
+                            }
                         }
                     })
                     .expect("spawn AsyncWorkRunner worker")
@@ -150,6 +181,45 @@ mod tests {
         let (tx, rx) = crossbeam_channel::bounded(1);
         runner.submit(move || tx.send(()).unwrap());
         rx.recv().unwrap();
+    }
+
+    #[test]
+    fn items_queued_back_to_back_run_inside_one_burst_scope() {
+        // (scopes opened, scopes open now)
+        let scopes = Arc::new(Mutex::new((0usize, 0usize)));
+        struct Open(Arc<Mutex<(usize, usize)>>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.lock().1 -= 1;
+            }
+        }
+        let opener = scopes.clone();
+        let burst: BurstScope = Arc::new(move || {
+            let mut counts = opener.lock();
+            counts.0 += 1;
+            counts.1 += 1;
+            Box::new(Open(opener.clone()))
+        });
+        let runner = AsyncWorkRunner::with_bursts("test-runner", 1, Some(burst));
+        let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(0);
+        let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+        let seen = seen_tx.clone();
+        let counts = scopes.clone();
+        runner.submit(move || {
+            release_rx.recv().unwrap();
+            seen.send(*counts.lock()).unwrap();
+        });
+        for _ in 0..4 {
+            let (seen, counts) = (seen_tx.clone(), scopes.clone());
+            runner.submit(move || seen.send(*counts.lock()).unwrap());
+        }
+        // All five are queued before the first finishes: one burst.
+        release_tx.send(()).unwrap();
+        for _ in 0..5 {
+            assert_eq!(seen_rx.recv().unwrap(), (1, 1));
+        }
+        runner.shutdown();
+        assert_eq!(*scopes.lock(), (1, 0), "the scope closes with the burst");
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::session::Session;
 use crate::backend::Allocation;
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Outcome, Result, Status};
+use crate::sync::runner::BurstScope;
 use crate::sync::ByteRoute;
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
 use crate::transport::advertise::Advertised;
@@ -250,9 +251,13 @@ impl TransferService {
         // before this client adds its own (once per process).
         crate::transport::shm_reaper::reap_dead_owners_once();
         let metrics = config.metrics.clone().unwrap_or_default();
-        let runner = Arc::new(AsyncWorkRunner::new(
+        // A burst of publications retires its keys with one control-link
+        // write per peer (the descriptor keys its senders hold).
+        let corked: BurstScope = Arc::new(|| Box::new(crate::transport::control::cork()));
+        let runner = Arc::new(AsyncWorkRunner::with_bursts(
             "crosshost-lifecycle",
             config.worker_threads.max(1),
+            Some(corked),
         ));
         let tracker = ReceiveTracker::new(
             store.clone(),
