@@ -91,7 +91,7 @@ fn main() {
         )
     } else if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: crosshost-bench [--quick] [--lib PATH]\n  two-process transfer benchmark (see README)\n\n\
+            "usage: crosshost-bench [--quick] [--case BYTES,BATCH,REPEATS ...] [--lib PATH]\n  two-process transfer benchmark (see README); --case runs only the cases named\n\n\
              usage: crosshost-bench --kv etcd [--etcd etcd://HOST:PORT[,HOST:PORT...]] [--quick] [--lib PATH]\n  \
              the same transfers with every key in the parent's memory store through the KV callbacks\n  \
              (kv_store=callbacks) and in etcd (kv_store=etcd://...), side by side; without --etcd it\n  \
@@ -112,10 +112,13 @@ fn main() {
     } else if args.iter().any(|a| a == "--kv") {
         Err("--kv needs a value: --kv etcd".to_string())
     } else {
-        run_parent(
-            &library_path(flag("--lib")),
-            args.iter().any(|a| a == "--quick"),
-        )
+        chosen_cases(&args).and_then(|chosen| {
+            run_parent(
+                &library_path(flag("--lib")),
+                args.iter().any(|a| a == "--quick"),
+                chosen,
+            )
+        })
     };
     if let Err(e) = result {
         eprintln!("crosshost-bench: {e}");
@@ -262,7 +265,39 @@ impl Pair {
     }
 }
 
-fn run_parent(lib: &str, quick: bool) -> Result<()> {
+/// The cases named by `--case BYTES,BATCH,REPEATS` (repeatable), if any: to
+/// look at one case (under strace or perf) without the whole list.
+fn chosen_cases(args: &[String]) -> Result<Option<Vec<Case>>> {
+    let mut chosen = Vec::new();
+    for (i, arg) in args.iter().enumerate() {
+        if arg != "--case" {
+            continue;
+        }
+        let value = args.get(i + 1).map(String::as_str).unwrap_or_default();
+        let parts: Vec<usize> = value
+            .split(',')
+            .map(|p| p.trim().parse::<usize>())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| format!("--case {value:?}: {e} (expected BYTES,BATCH,REPEATS)"))?;
+        match parts.as_slice() {
+            &[bytes, batch, repeats] if bytes > 0 && batch > 0 && repeats > 0 => {
+                chosen.push(Case {
+                    bytes,
+                    batch,
+                    repeats,
+                })
+            }
+            _ => {
+                return Err(format!(
+                    "--case {value:?}: expected three positive numbers BYTES,BATCH,REPEATS"
+                ))
+            }
+        }
+    }
+    Ok((!chosen.is_empty()).then_some(chosen))
+}
+
+fn run_parent(lib: &str, quick: bool, chosen: Option<Vec<Case>>) -> Result<()> {
     let plugin = Plugin::load(lib)?;
     let store = Arc::new(LocalStore::default());
     let dir = std::env::temp_dir().join(format!("crosshost-bench-{}", std::process::id()));
@@ -290,7 +325,7 @@ fn run_parent(lib: &str, quick: bool) -> Result<()> {
         None,
     )?;
     let mut rows = Vec::new();
-    for (n, case) in cases(quick).iter().enumerate() {
+    for (n, case) in chosen.unwrap_or_else(|| cases(quick)).iter().enumerate() {
         rows.push(pooled.run(n, case)?);
     }
     let (receiver_metrics, sender_metrics) = pooled.finish()?;
