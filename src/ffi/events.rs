@@ -46,6 +46,9 @@ crate::pjrt_entry!(
     event_await = "PJRT_Event_Await", PJRT_Event_Await_Args through event, |args| {
     // SAFETY: caller passes a live event.
     let event = unsafe { event_arg(args.event, "PJRT_Event_Await") }?;
+    // Awaited from inside a callback of ours (a thread holding a cork):
+    // what that thread corked may be what the event waits for.
+    crate::transport::control::flush_corked();
     event.future.wait()
 });
 

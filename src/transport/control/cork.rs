@@ -82,8 +82,9 @@ pub(super) fn defer(link: &Arc<ControlLink>, id: u64, frame: Vec<u8>) -> Option<
 }
 
 /// Writes what this thread has corked so far, keeping the cork: a blocking
-/// request must not wait behind its own thread's corked writes.
-pub(super) fn flush() {
+/// request (or a caller's wait, `PJRT_Event_Await` from inside one of our
+/// callbacks) must not wait behind its own thread's corked writes.
+pub fn flush_corked() {
     let corked = CORKED.with(|corked| corked.borrow_mut().as_mut().map(std::mem::take));
     write_out(corked.unwrap_or_default());
 }

@@ -269,7 +269,7 @@ impl ControlLink {
             },
             // Whatever this thread corked goes first: the answer to this
             // request may depend on it.
-            None => cork::flush(),
+            None => cork::flush_corked(),
         }
         match self.write(&message) {
             None => Ok(id),

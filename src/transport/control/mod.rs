@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use crate::status::{self, Result};
 
-pub use cork::{cork, Cork};
+pub use cork::{cork, flush_corked, Cork};
 pub use frame::*;
 #[cfg(feature = "fuzzing")]
 pub use fuzz_hooks::*;

@@ -417,15 +417,25 @@ fn corked_requests_go_out_when_the_cork_drops_in_order_and_all_complete() {
         .chain(["blocking".to_string()])
         .collect();
     assert_eq!(keys, expected);
+    // An explicit flush writes them and keeps the cork.
+    let flushed = done_tx.clone();
+    link.set_async(
+        "flushed",
+        b"f",
+        Box::new(move |outcome| flushed.send((10, outcome)).unwrap()),
+    );
+    assert_eq!(cork::corked_requests(), 1);
+    flush_corked();
+    assert_eq!(cork::corked_requests(), 0);
     link.set_async(
         "after",
         b"a",
-        Box::new(move |outcome| done_tx.send((10, outcome)).unwrap()),
+        Box::new(move |outcome| done_tx.send((11, outcome)).unwrap()),
     );
     assert_eq!(cork::corked_requests(), 1);
     drop(held);
     assert_eq!(cork::corked_requests(), 0);
-    let mut answered: Vec<u8> = (0..11)
+    let mut answered: Vec<u8> = (0..12)
         .map(|_| {
             let (i, outcome) = done_rx.recv_timeout(Duration::from_secs(5)).unwrap();
             outcome.unwrap();
@@ -433,7 +443,7 @@ fn corked_requests_go_out_when_the_cork_drops_in_order_and_all_complete() {
         })
         .collect();
     answered.sort();
-    assert_eq!(answered, (0..11).collect::<Vec<u8>>());
+    assert_eq!(answered, (0..12).collect::<Vec<u8>>());
     assert_eq!(recorder.sets.lock().last().unwrap().1, "after");
 }
 
