@@ -50,6 +50,63 @@ impl Stream for TcpStream {
     }
 }
 
+/// An in-memory `Stream` over `bytes` that hands out at most `max_read` bytes
+/// per `read` (a peer's short writes) and writes nowhere: the fuzz hooks'
+/// and the tests' peer.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(super) struct SliceStream<'a> {
+    bytes: &'a [u8],
+    max_read: usize,
+    /// How many `read` calls it answered.
+    pub(super) reads: usize,
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl<'a> SliceStream<'a> {
+    pub(super) fn new(bytes: &'a [u8], max_read: usize) -> SliceStream<'a> {
+        SliceStream {
+            bytes,
+            max_read,
+            reads: 0,
+        }
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Read for SliceStream<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reads += 1;
+        let n = buf.len().min(self.max_read.max(1)).min(self.bytes.len());
+        buf[..n].copy_from_slice(&self.bytes[..n]);
+        self.bytes = &self.bytes[n..];
+        Ok(n)
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Write for SliceStream<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Stream for SliceStream<'_> {
+    fn shutdown_both(&self) {}
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "in-memory stream",
+        ))
+    }
+    fn set_timeouts(&self, _: Option<Duration>, _: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 pub(super) fn frame(op: u8, id: u64, payload: &[&[u8]]) -> Vec<u8> {
     let len = 1 + 8 + payload.iter().map(|p| p.len()).sum::<usize>();
     let mut out = Vec::with_capacity(4 + len);

@@ -1,44 +1,9 @@
 //! Entry points for the cargo-fuzz targets (fuzz/, which enables the
 //! `fuzzing` feature); not part of the API and not in the plugin's build.
-use std::io::{self, Read, Write};
+use std::io;
 use std::time::{Duration, Instant};
 
 use super::frame::*;
-
-/// An in-memory `Stream` over `bytes` that hands out at most `max_read` bytes
-/// per `read` (a peer's short writes), writes nowhere.
-struct FuzzStream<'a> {
-    bytes: &'a [u8],
-    max_read: usize,
-}
-
-impl Read for FuzzStream<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.max_read.max(1)).min(self.bytes.len());
-        buf[..n].copy_from_slice(&self.bytes[..n]);
-        self.bytes = &self.bytes[n..];
-        Ok(n)
-    }
-}
-
-impl Write for FuzzStream<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Stream for FuzzStream<'_> {
-    fn shutdown_both(&self) {}
-    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
-        Err(io::Error::new(io::ErrorKind::Unsupported, "fuzz stream"))
-    }
-    fn set_timeouts(&self, _: Option<Duration>, _: Option<Duration>) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 /// `read_frame` over `bytes`, delivered at most `max_read` bytes per read;
 /// with `with_deadline`, under a deadline an hour away (the HELLO path).
@@ -48,7 +13,7 @@ pub fn decode_frame_for_fuzzing(
     max_read: usize,
     with_deadline: bool,
 ) -> io::Result<(u8, u64, Vec<u8>)> {
-    let mut stream = FuzzStream { bytes, max_read };
+    let mut stream = SliceStream::new(bytes, max_read);
     let deadline = with_deadline.then(|| Instant::now() + Duration::from_secs(3600));
     read_frame(&mut stream, deadline)
 }
@@ -60,7 +25,7 @@ pub fn decode_frames_for_fuzzing(
     bytes: &[u8],
     max_read: usize,
 ) -> (Vec<(u8, u64, Vec<u8>)>, io::Error) {
-    let mut stream = FuzzStream { bytes, max_read };
+    let mut stream = SliceStream::new(bytes, max_read);
     let mut reader = FrameReader::new();
     let mut frames = Vec::new();
     loop {

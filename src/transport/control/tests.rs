@@ -55,6 +55,20 @@ fn server(
     (recorder, server, handler)
 }
 
+/// A link from process `me` to `server` over its Unix socket (5 s timeout,
+/// no close callback).
+fn connect_as(server: &ControlServer, me: u32, secret: Secret) -> Result<Arc<ControlLink>> {
+    ControlLink::connect(
+        0,
+        server.endpoint(),
+        true,
+        me,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+}
+
 fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -94,16 +108,7 @@ fn requests_over_unix_and_tcp_reach_the_handler_before_they_return() {
         assert!(err.message.contains("refused on purpose"), "{err}");
     }
     // Pipelined requests from several threads all complete.
-    let link = ControlLink::connect(
-        0,
-        server.endpoint(),
-        true,
-        3,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let link = connect_as(&server, 3, secret).unwrap();
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let link = link.clone();
@@ -133,16 +138,7 @@ fn a_peer_without_the_secret_is_refused_and_reaches_nothing() {
     let (recorder, server, _handler) =
         server(Secret::generate().unwrap(), ControlConfig::default());
     let wrong = Secret::generate().unwrap();
-    let err = ControlLink::connect(
-        0,
-        server.endpoint(),
-        true,
-        1,
-        wrong,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap_err();
+    let err = connect_as(&server, 1, wrong).unwrap_err();
     assert_eq!(err.code, Code::Unauthenticated, "{err}");
     assert!(recorder.sets.lock().is_empty());
     eventually("the refused connection is closed", || {
@@ -199,16 +195,7 @@ fn connections_beyond_the_bound_are_refused_without_blocking_the_others() {
     });
     // The third is refused at once (not queued behind the silent ones).
     let started = Instant::now();
-    let err = ControlLink::connect(
-        0,
-        server.endpoint(),
-        true,
-        1,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap_err();
+    let err = connect_as(&server, 1, secret).unwrap_err();
     assert_eq!(err.code, Code::Unavailable, "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
 }
@@ -273,43 +260,6 @@ fn secrets_and_endpoints_round_trip_through_text() {
     assert_eq!(ControlEndpoint::decode("tcp=1.2.3.4:5"), None);
 }
 
-/// Hands out `bytes` at most `max_read` at a time, then EOF.
-struct Chunked {
-    bytes: Vec<u8>,
-    at: usize,
-    max_read: usize,
-    reads: usize,
-}
-
-impl std::io::Read for Chunked {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.reads += 1;
-        let n = buf.len().min(self.max_read).min(self.bytes.len() - self.at);
-        buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-impl Write for Chunked {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Stream for Chunked {
-    fn shutdown_both(&self) {}
-    fn try_clone_box(&self) -> std::io::Result<Box<dyn Stream>> {
-        unimplemented!("not cloned in these tests")
-    }
-    fn set_timeouts(&self, _: Option<Duration>, _: Option<Duration>) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
     // Small frames, and one larger than a read chunk (it grows the buffer).
@@ -324,12 +274,7 @@ fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
         .flat_map(|(op, id, payload)| frame(*op, *id, &[payload]))
         .collect();
     for max_read in [1, 7, 4096, usize::MAX] {
-        let mut stream = Chunked {
-            bytes: bytes.clone(),
-            at: 0,
-            max_read,
-            reads: 0,
-        };
+        let mut stream = SliceStream::new(&bytes, max_read);
         let mut reader = FrameReader::new();
         for expected in &frames {
             assert_eq!(
@@ -345,12 +290,7 @@ fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
     // A burst of small frames that arrived together is one read, and the
     // reader knows the next frame is already here.
     let burst: Vec<u8> = (0..16u64).flat_map(|i| frame(OP_ACK, i, &[])).collect();
-    let mut stream = Chunked {
-        bytes: burst,
-        at: 0,
-        max_read: usize::MAX,
-        reads: 0,
-    };
+    let mut stream = SliceStream::new(&burst, usize::MAX);
     let mut reader = FrameReader::new();
     for i in 0..16u64 {
         assert_eq!(reader.next(&mut stream).unwrap().1, i);
@@ -361,12 +301,7 @@ fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
     let mut bad = frame(OP_SET, 1, &[b"ok"]);
     bad.extend_from_slice(&((MAX_FRAME + 1) as u32).to_le_bytes());
     bad.extend_from_slice(&[0; 9]);
-    let mut stream = Chunked {
-        bytes: bad,
-        at: 0,
-        max_read: usize::MAX,
-        reads: 0,
-    };
+    let mut stream = SliceStream::new(&bad, usize::MAX);
     let mut reader = FrameReader::new();
     assert_eq!(reader.next(&mut stream).unwrap().2, b"ok");
     let end = reader.next(&mut stream).unwrap_err();
@@ -377,16 +312,7 @@ fn the_frame_reader_takes_a_burst_in_one_read_and_frames_split_anyhow() {
 fn corked_requests_go_out_when_the_cork_drops_in_order_and_all_complete() {
     let secret = Secret::generate().unwrap();
     let (recorder, server, _handler) = server(secret, ControlConfig::default());
-    let link = ControlLink::connect(
-        0,
-        server.endpoint(),
-        true,
-        4,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let link = connect_as(&server, 4, secret).unwrap();
     let (done_tx, done_rx) = crossbeam_channel::unbounded();
     let held = cork();
     for i in 0..10 {
@@ -451,31 +377,27 @@ fn corked_requests_go_out_when_the_cork_drops_in_order_and_all_complete() {
 fn corked_requests_on_a_link_that_closed_fail_once_each() {
     let secret = Secret::generate().unwrap();
     let (_recorder, server, handler) = server(secret, ControlConfig::default());
-    let link = ControlLink::connect(
-        0,
-        server.endpoint(),
-        true,
-        5,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let link = connect_as(&server, 5, secret).unwrap();
     let (done_tx, done_rx) = crossbeam_channel::unbounded();
-    let held = cork();
-    for i in 0..3 {
+    let request = |i: usize| {
         let done_tx = done_tx.clone();
         link.set_async(
             &format!("lost{i}"),
             b"x",
             Box::new(move |outcome| done_tx.send(outcome).unwrap()),
         );
-    }
+    };
+    let held = cork();
+    // Corked before the peer went: the link's reader fails them when it
+    // sees the close.
+    (0..3).for_each(request);
     drop(server);
     drop(handler);
     eventually("the link notices its peer is gone", || link.is_broken());
+    // Corked after: only the failed write of the cork can fail them.
+    (3..5).for_each(request);
     drop(held);
-    for _ in 0..3 {
+    for _ in 0..5 {
         let err = done_rx
             .recv_timeout(Duration::from_secs(5))
             .unwrap()
