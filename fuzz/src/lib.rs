@@ -18,8 +18,7 @@ use pjrt_crosshost::transfer::session::{LocalDevices, ProcessEntry, Session};
 use pjrt_crosshost::transfer::{CompletionKey, Receipt};
 use pjrt_crosshost::transport::control::{
     decode_frame_for_fuzzing, decode_frames_for_fuzzing, encode_frame_for_fuzzing,
-    split_key_for_fuzzing, ControlEndpoint,
-    Secret, MAX_FRAME,
+    split_key_for_fuzzing, ControlEndpoint, Secret, MAX_FRAME,
 };
 use pjrt_crosshost::transport::tcp::wire::{
     encode_response, read_response, RequestHeader, MAX_RESPONSE_MESSAGE_LEN,
@@ -132,7 +131,7 @@ pub fn check_tcp_request_header(bytes: &[u8]) {
 
 /// `read_response` on what the TCP transfer server answers a sender.
 pub fn check_tcp_response(bytes: &[u8]) {
-    let verdict = match read_response(&mut &bytes[..]) {
+    let response = match read_response(&mut &bytes[..]) {
         Err(error) => {
             assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");
             return;
@@ -141,20 +140,27 @@ pub fn check_tcp_response(bytes: &[u8]) {
             assert_eq!(violation.code, Code::DataLoss, "{violation}");
             return;
         }
-        Ok(Ok(verdict)) => verdict,
+        Ok(Ok(response)) => response,
     };
-    if let Err(status) = &verdict {
-        assert!(
-            status.message.len() <= MAX_RESPONSE_MESSAGE_LEN,
-            "read_response returned a {}-byte message (limit {MAX_RESPONSE_MESSAGE_LEN})",
-            status.message.len()
-        );
+    match &response.outcome {
+        Err(status) => {
+            assert!(
+                status.message.len() <= MAX_RESPONSE_MESSAGE_LEN,
+                "read_response returned a {}-byte message (limit {MAX_RESPONSE_MESSAGE_LEN})",
+                status.message.len()
+            );
+            assert!(
+                !response.receipt_applied,
+                "a refusal that applied a receipt"
+            );
+        }
+        Ok(()) => {}
     }
-    let again = encode_response(&verdict);
+    let again = encode_response(&response);
     let decoded_again = read_response(&mut &again[..])
         .expect("the re-encoding must be complete")
         .expect("the re-encoding must be well-formed");
-    assert_eq!(decoded_again, verdict, "read(encode(v)) != v");
+    assert_eq!(decoded_again, response, "read(encode(r)) != r");
     assert_eq!(encode_response(&decoded_again), again);
 }
 

@@ -8,7 +8,7 @@ use pjrt_crosshost::transfer::{CompletionKey, Receipt};
 use pjrt_crosshost::transport::auth_token::{AuthToken, AUTH_TOKEN_LEN};
 use pjrt_crosshost::transport::control::{encode_frame_for_fuzzing, ControlEndpoint, Secret};
 use pjrt_crosshost::transport::host_identity::HostIdentity;
-use pjrt_crosshost::transport::tcp::wire::{encode_response, RequestHeader};
+use pjrt_crosshost::transport::tcp::wire::{encode_response, RequestHeader, Response};
 
 /// One seed: the target it is for, a file name, the bytes.
 pub struct Seed {
@@ -162,6 +162,16 @@ pub fn all() -> Vec<Seed> {
                 token: AuthToken::from_bytes([5; AUTH_TOKEN_LEN]),
                 offset: 17,
                 length: 1 << 20,
+                receipt: Vec::new(),
+            },
+        ),
+        (
+            "receipt",
+            RequestHeader {
+                token: AuthToken::from_bytes([7; AUTH_TOKEN_LEN]),
+                offset: 0,
+                length: 4096,
+                receipt: b"xr1 ok 1f".to_vec(),
             },
         ),
         (
@@ -170,6 +180,7 @@ pub fn all() -> Vec<Seed> {
                 token: AuthToken::from_bytes([0xff; AUTH_TOKEN_LEN]),
                 offset: u64::MAX,
                 length: u64::MAX,
+                receipt: vec![0xff; 32],
             },
         ),
     ] {
@@ -179,21 +190,28 @@ pub fn all() -> Vec<Seed> {
         add("tcp_request_header", name, bytes);
     }
 
-    for (name, outcome) in [
-        ("ok", Ok(())),
+    for (name, outcome, receipt_applied) in [
+        ("ok", Ok(()), false),
+        ("ok-receipt-applied", Ok(()), true),
         (
             "unauthenticated",
             Err(status::unauthenticated("no destination is registered")),
+            false,
         ),
         (
             "out-of-range",
             Err(status::out_of_range(
-                "write of 8 bytes at offset 4096 exceeds the 24-byte destination",
+                "8 bytes at offset 4096 do not fit the 24-byte destination",
             )),
+            false,
         ),
-        ("utf8", Err(status::internal("é".repeat(40)))),
+        ("utf8", Err(status::internal("é".repeat(40))), false),
     ] {
-        add("tcp_response", name, encode_response(&outcome));
+        let response = Response {
+            outcome,
+            receipt_applied,
+        };
+        add("tcp_response", name, encode_response(&response));
     }
 
     for (name, entry) in [

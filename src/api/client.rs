@@ -645,17 +645,6 @@ impl Client {
             Some(compute) => delegated_devices(compute, &session, &backend),
             None => embedded_devices(&session, &backend),
         };
-        if let (Some(ucx), Some(peer)) = (&ucx, &peer_store) {
-            // A receipt that comes with the bytes sets the key here, in the
-            // peer store's local part, as a sender's SET over the link would.
-            let peer = Arc::downgrade(peer);
-            ucx.set_receipt_sink(Arc::new(move |key: &str, value: &[u8]| {
-                match peer.upgrade() {
-                    Some(peer) => peer.set_held_here(key, value),
-                    None => Err(crate::status::unavailable("the client is being destroyed")),
-                }
-            }));
-        }
         let transfers = TransferService::new(
             store,
             session,
@@ -678,6 +667,17 @@ impl Client {
             ucx,
             tcp_server,
         );
+        if let Some(peer) = &peer_store {
+            // A receipt that comes with the bytes sets the key here, in the
+            // peer store's local part, as a sender's SET over the link would.
+            let peer = Arc::downgrade(peer);
+            transfers.set_receipt_sink(Arc::new(move |key: &str, value: &[u8]| {
+                match peer.upgrade() {
+                    Some(peer) => peer.set_held_here(key, value),
+                    None => Err(crate::status::unavailable("the client is being destroyed")),
+                }
+            }));
+        }
         if let Some(peer) = &peer_store {
             // A peer whose link closed is gone: its receives fail now, and
             // the sends waiting for its descriptors.

@@ -11,7 +11,7 @@
 //! store keeps each key with the process that reads it) may be registered
 //! with that key's name: a sender that writes it whole may then carry the
 //! receipt in the same message, and the transport applies it once the bytes
-//! are in (UCX, `transport/ucx/`).
+//! are in (UCX, `transport/ucx/`; TCP, `transport/tcp/`).
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -49,6 +49,18 @@ impl Landing {
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
             == 1
     }
+}
+
+/// Applies a receipt that came with the bytes: sets `key` (held by this
+/// process) to `value`.
+pub type ReceiptSink = Arc<dyn Fn(&str, &[u8]) -> Result<()> + Send + Sync>;
+
+/// A send that reached its destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The receipt sent with the bytes set the completion key (the sender
+    /// must not set it again).
+    pub receipt_applied: bool,
 }
 
 /// The most parts one destination may be written in.

@@ -31,8 +31,9 @@ use crate::sync::runner::BurstScope;
 use crate::sync::ByteRoute;
 use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
 use crate::transport::advertise::Advertised;
+use crate::transport::registry::ReceiptSink;
 use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
-use crate::transport::tcp::TcpReceiveServer;
+use crate::transport::tcp::{TcpReceiveServer, TcpSender};
 use crate::transport::ucx::UcxTransport;
 
 #[derive(Clone, Debug)]
@@ -226,6 +227,11 @@ pub struct TransferService {
     lost: Mutex<HashSet<i32>>,
     liveness: Mutex<Option<Liveness>>,
     tcp_server: OnceCell<TcpReceiveServer>,
+    /// The TCP transport's sending side (its kept connections).
+    tcp: TcpSender,
+    /// Where the receipts that come with the bytes set their keys (the peer
+    /// store's local part), for a TCP server bound later.
+    receipt_sink: OnceCell<ReceiptSink>,
     /// The UCX data plane, when this client reaches peers over UCX.
     ucx: Option<UcxTransport>,
     incarnations: Mutex<HashMap<i32, i64>>,
@@ -281,6 +287,8 @@ impl TransferService {
             lost: Mutex::new(HashSet::new()),
             liveness: Mutex::new(None),
             tcp_server: tcp_server.map_or_else(OnceCell::new, OnceCell::with_value),
+            tcp: TcpSender::new(),
+            receipt_sink: OnceCell::new(),
             ucx,
             incarnations: Mutex::new(HashMap::new()),
             pool: ShmPool::new(ShmPoolConfig {
@@ -328,8 +336,25 @@ impl TransferService {
 
     fn tcp_server(&self) -> Result<&TcpReceiveServer> {
         self.tcp_server.get_or_try_init(|| {
-            TcpReceiveServer::bind(SocketAddr::new(self.config.advertised.bind, 0))
+            let server = TcpReceiveServer::bind(SocketAddr::new(self.config.advertised.bind, 0))?;
+            if let Some(sink) = self.receipt_sink.get() {
+                server.set_receipt_sink(sink.clone());
+            }
+            Ok(server)
         })
+    }
+
+    /// Where a receipt that comes with the bytes (over UCX or TCP) sets its
+    /// key: this process holds the completion keys of its receives
+    /// (`completion_keys_local`). Set once, before the first receive.
+    pub fn set_receipt_sink(&self, sink: ReceiptSink) {
+        if let Some(ucx) = &self.ucx {
+            ucx.set_receipt_sink(sink.clone());
+        }
+        if let Some(server) = self.tcp_server.get() {
+            server.set_receipt_sink(sink.clone());
+        }
+        let _ = self.receipt_sink.set(sink);
     }
 
     /// Where senders reach the TCP receive server: the advertised address

@@ -265,7 +265,11 @@ impl TransferService {
                         allocation: AllocationHandle::Tcp {
                             endpoint: self.tcp_endpoint(server),
                         },
-                        completion_key: None,
+                        // As over UCX: the receipt may come with the bytes.
+                        completion_key: self
+                            .config
+                            .completion_keys_local
+                            .then(|| key.as_str().to_string()),
                     }
                 }
                 Route::Ucx => HostRoute::Network {

@@ -20,7 +20,6 @@ use crate::transport::shm_mappings::{
     forget_segment, forget_segments_of, mapped_segment, receiver_gone,
 };
 use crate::transport::shm_owner::OwnerWatch;
-use crate::transport::tcp::tcp_send;
 use crate::transport::ucx::Payload;
 
 /// From this size a copy into shared memory populates its range first: one
@@ -110,9 +109,14 @@ impl TransferService {
                     &descriptor.completion_key,
                 );
                 kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
-                let copied = match defined {
-                    Ok(()) => service.copy_into_destination(&source, &descriptor, &function),
-                    Err(status) => Err(CopyError::Failed(status)),
+                let copied = match (defined, &descriptor.allocation) {
+                    (Ok(()), AllocationHandle::Tcp { endpoint }) => {
+                        let endpoint = *endpoint;
+                        return service
+                            .send_over_tcp(source, descriptor, endpoint, promise, function);
+                    }
+                    (Ok(()), _) => service.copy_into_destination(&source, &descriptor, &function),
+                    (Err(status), _) => Err(CopyError::Failed(status)),
                 };
                 service.finish_send(&source, &descriptor, copied, promise, function);
             };
@@ -283,12 +287,7 @@ impl TransferService {
         kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
         // With the key held by the receiver, the receipt goes with the bytes
         // and is applied there once they are in: no second trip.
-        let receipt = self.config.completion_keys_local.then(|| {
-            Receipt::Ok {
-                nonce: descriptor.nonce,
-            }
-            .encode()
-        });
+        let receipt = self.receipt_with_bytes(&descriptor);
         let service = self.clone();
         let token = descriptor.auth_token;
         let offset = descriptor.offset;
@@ -302,19 +301,7 @@ impl TransferService {
             self.config.send_timeout,
             Box::new(move |outcome| match outcome {
                 Ok(delivered) if delivered.receipt_applied => {
-                    let bytes = source.spec.byte_size as u64;
-                    service.metrics.add_bytes_sent(bytes);
-                    service.metrics.sent_over(ByteRoute::Ucx, bytes);
-                    crate::timeline!(
-                        "send to {}: delivered with its receipt",
-                        descriptor.completion_key
-                    );
-                    crate::sync::timeline::mark(
-                        crate::sync::timeline::Point::BytesAcked,
-                        &descriptor.completion_key,
-                    );
-                    kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
-                    promise.set(Ok(()));
+                    service.delivered_with_receipt(&source, &descriptor, ByteRoute::Ucx, promise)
                 }
                 Ok(_) => service.finish_send(&source, &descriptor, Ok(None), promise, function),
                 // The receiver refused the token: another sender took the
@@ -336,6 +323,79 @@ impl TransferService {
             }),
             mark_key,
         );
+    }
+
+    /// Sends the source over TCP to the receiver's server at `endpoint`, with
+    /// the receipt when the receiver holds the key (it applies it once the
+    /// bytes are in); otherwise, or if it did not, the receipt follows the
+    /// receiver's acknowledgement through the store.
+    fn send_over_tcp(
+        &self,
+        source: SendSource,
+        descriptor: Descriptor,
+        endpoint: std::net::SocketAddr,
+        promise: PromiseOnce,
+        function: String,
+    ) {
+        let receipt = self.receipt_with_bytes(&descriptor);
+        let mut delivered = None;
+        let sent = source.memory.read_with(&mut |bytes| {
+            delivered = Some(self.tcp.send(
+                endpoint,
+                &descriptor.auth_token,
+                descriptor.offset,
+                bytes,
+                receipt.as_deref(),
+                self.config.send_timeout,
+            )?);
+            Ok(())
+        });
+        let copied = match (sent, delivered) {
+            (Ok(()), Some(delivered)) if delivered.receipt_applied => {
+                return self.delivered_with_receipt(&source, &descriptor, ByteRoute::Tcp, promise);
+            }
+            (Ok(()), _) => Ok(None),
+            // The receiver refused the token: another sender took the
+            // destination, or the receive is over.
+            (Err(e), _) if e.code == Code::Unauthenticated => Err(CopyError::Refused(e)),
+            (Err(e), _) => Err(CopyError::Failed(e)),
+        };
+        self.finish_send(&source, &descriptor, copied, promise, function);
+    }
+
+    /// The receipt to send with the bytes: only where the receiver holds the
+    /// completion key (and so can apply it once they are in).
+    fn receipt_with_bytes(&self, descriptor: &Descriptor) -> Option<Vec<u8>> {
+        self.config.completion_keys_local.then(|| {
+            Receipt::Ok {
+                nonce: descriptor.nonce,
+            }
+            .encode()
+        })
+    }
+
+    /// The receiver applied the receipt that came with the bytes: the send
+    /// is done, with nothing left to set.
+    fn delivered_with_receipt(
+        &self,
+        source: &SendSource,
+        descriptor: &Descriptor,
+        route: ByteRoute,
+        promise: PromiseOnce,
+    ) {
+        let bytes = source.spec.byte_size as u64;
+        self.metrics.add_bytes_sent(bytes);
+        self.metrics.sent_over(route, bytes);
+        crate::timeline!(
+            "send to {}: delivered with its receipt",
+            descriptor.completion_key
+        );
+        crate::sync::timeline::mark(
+            crate::sync::timeline::Point::BytesAcked,
+            &descriptor.completion_key,
+        );
+        kill_points::reached(kill_points::SENDER_AFTER_RECEIPT);
+        promise.set(Ok(()));
     }
 
     /// The receiver's refusal, when its descriptor key holds one
@@ -521,28 +581,12 @@ impl TransferService {
                 }
                 Ok(receiver)
             }
-            AllocationHandle::Tcp { endpoint } => source
-                .memory
-                .read_with(&mut |bytes| {
-                    tcp_send(
-                        *endpoint,
-                        &descriptor.auth_token,
-                        descriptor.offset,
-                        bytes,
-                        self.config.send_timeout,
-                    )
-                })
-                .map(|()| None)
-                .map_err(|e| match e.code {
-                    // The receiver refused the token: another sender took the
-                    // destination, or the receive is over.
-                    Code::Unauthenticated => CopyError::Refused(e),
-                    _ => CopyError::Failed(e),
-                }),
-            // Sent by `send_over_ucx`, never copied here.
-            AllocationHandle::Ucx { .. } => Err(CopyError::Failed(status::internal(format!(
-                "{function}: a UCX destination reached the copy path"
-            )))),
+            // Sent by `send_over_tcp` and `send_over_ucx`, never copied here.
+            AllocationHandle::Tcp { .. } | AllocationHandle::Ucx { .. } => {
+                Err(CopyError::Failed(status::internal(format!(
+                    "{function}: a network destination reached the copy path"
+                ))))
+            }
             // CUDA backend: same-node GPU destinations (CUDA IPC).
             AllocationHandle::CudaIpc { .. } => {
                 cuda_path::copy_to_destination(&source.memory, descriptor, function)?;

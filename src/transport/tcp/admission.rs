@@ -1,36 +1,44 @@
 //! The TCP receive server's front door: one thread accepts connections and,
 //! with poll(2) over nonblocking sockets, reads each one's fixed-size
-//! request header under a single deadline counted from accept, then
-//! authenticates it by claiming its token. Only a connection that claimed a
-//! registered destination (and asks for a write inside it) is handed to a
-//! payload handler; every other one is answered and closed here.
+//! request header under a single deadline (counted from accept, or from the
+//! answer to the connection's previous request), then authenticates it by
+//! claiming its token. A small payload, which its sender writes with the
+//! header, is landed and answered here without waiting (no hand-off, one
+//! wake-up less); a larger one is handed to a payload handler. Every refused
+//! request is answered and its connection closed here. After an OK answer a
+//! connection (a handler gives it back) waits here for its next request,
+//! under the same deadline as a new one.
 //!
 //! So an unauthenticated peer, however slow or silent, costs one slot of a
 //! bounded table for at most `header_deadline` and never a handler thread,
 //! and nothing here blocks, so it never delays accepting or authenticating
-//! anyone else. When the table is full the oldest entry is closed to make
-//! room: a legitimate sender writes its header right after connecting, so to
-//! evict it a flood must fill the whole table within that round trip,
-//! whereas refusing newcomers would let a slow trickle of connections (the
-//! table size per `header_deadline`) lock everybody out.
+//! anyone else. When the table is full the entry nearest its deadline is
+//! closed to make room: a legitimate sender writes its header right after
+//! connecting, so to evict it a flood must fill the whole table within that
+//! round trip, whereas refusing newcomers would let a slow trickle of
+//! connections (the table size per `header_deadline`) lock everybody out. A
+//! sender whose idle connection was closed so sends on a new one.
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
+use once_cell::sync::OnceCell;
 
+use super::landing::{landed, Claim};
 use super::server_config::TcpServerConfig;
-use super::socket::set_large_buffers;
-use super::wire::{encode_response, RequestHeader, REQUEST_HEADER_LEN};
+use super::socket::{recv_now_into, set_large_buffers};
+use super::wire::{
+    encode_refusal, encode_response, RequestHeader, COALESCED_PAYLOAD_BYTES, REQUEST_HEADER_LEN,
+};
 use crate::status::{self, Status};
-use crate::transport::destination::WritableDestination;
 use crate::transport::poll::poll;
-use crate::transport::registry::DestinationRegistry;
+use crate::transport::registry::{DestinationRegistry, ReceiptSink};
 
 /// How long accepting pauses after an accept error such as running out of
 /// descriptors, instead of spinning on a listener that stays readable.
@@ -42,15 +50,48 @@ const ACCEPTS_PER_ROUND: usize = 64;
 const DISCARD_CHUNK: usize = 64 << 10;
 const DISCARD_CHUNKS_PER_ROUND: usize = 16;
 
-/// An authenticated connection: its token claimed `destination`, and
-/// `offset + length` lies inside it. The stream is blocking again, with the
-/// configured I/O timeouts.
+/// An authenticated connection whose payload a handler receives. The
+/// stream is blocking again, with the configured I/O timeouts.
 pub(super) struct Admitted {
     pub stream: TcpStream,
     pub peer: SocketAddr,
-    pub destination: Arc<dyn WritableDestination>,
-    pub offset: usize,
-    pub length: usize,
+    pub claim: Claim,
+}
+
+/// A connection a handler answered OK, and its peer.
+type Answered = (TcpStream, SocketAddr);
+
+/// Where handlers give back a connection they answered OK, for its next
+/// request.
+#[derive(Clone)]
+pub(super) struct Rejoin {
+    queue: Sender<Answered>,
+    /// A byte written here wakes the front door.
+    wake: Arc<UnixStream>,
+}
+
+impl Rejoin {
+    /// The handlers' end and the front door's (the queue, and the socket
+    /// that turns readable when something is queued).
+    pub(super) fn pair() -> io::Result<(Rejoin, Receiver<Answered>, UnixStream)> {
+        let (wake, woken) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        let (queue, queued) = crossbeam_channel::unbounded();
+        let rejoin = Rejoin {
+            queue,
+            wake: Arc::new(wake),
+        };
+        Ok((rejoin, queued, woken))
+    }
+
+    /// Hands `stream` back; dropped (closed) if the front door is gone.
+    pub(super) fn give_back(&self, stream: TcpStream, peer: SocketAddr) {
+        if self.queue.send((stream, peer)).is_ok() {
+            // A full socket already holds a wake-up: nothing is lost.
+            let _ = (&*self.wake).write(&[1]);
+        }
+    }
 }
 
 enum Stage {
@@ -59,21 +100,27 @@ enum Stage {
         bytes: [u8; REQUEST_HEADER_LEN],
         filled: usize,
     },
-    /// Refused: writing the answer, then discarding up to `discard_left`
+    /// Authenticated with a small payload: landing it here.
+    Payload { claim: Claim, received: usize },
+    /// Writing the answer. A refusal then discards up to `discard_left`
     /// payload bytes so the sender gets to read the answer rather than a
-    /// connection reset.
-    Refusing {
+    /// connection reset, and closes; an OK answer makes the connection
+    /// wait for its next request.
+    Answering {
         answer: Vec<u8>,
         written: usize,
         discard_left: u64,
+        next_request: bool,
     },
 }
 
 struct Waiting {
     stream: TcpStream,
     peer: SocketAddr,
-    /// Counted from accept; covers the header, authentication and, for a
-    /// refused request, the answer and the discarding.
+    /// Counted from accept, or from the answer to the previous request;
+    /// renewed when a small payload is authenticated. Covers the header,
+    /// authentication and the answer (for a refused request the
+    /// discarding too).
     deadline: Instant,
     stage: Stage,
 }
@@ -81,11 +128,8 @@ struct Waiting {
 enum Verdict {
     Keep,
     Close,
-    Admit {
-        destination: Arc<dyn WritableDestination>,
-        offset: usize,
-        length: usize,
-    },
+    /// To a handler, which receives the payload.
+    Admit(Claim),
 }
 
 pub(super) struct Admission {
@@ -96,15 +140,22 @@ pub(super) struct Admission {
     registry: Arc<DestinationRegistry>,
     config: TcpServerConfig,
     admitted: Sender<Admitted>,
-    /// Oldest first; all deadlines are accept time plus the same duration,
-    /// so this is also nearest deadline first.
+    /// Connections the handlers answered, and the socket that says so.
+    rejoined: Receiver<Answered>,
+    rejoin_wake: UnixStream,
+    sink: Arc<OnceCell<ReceiptSink>>,
+    accepted: Arc<AtomicU64>,
+    /// Roughly oldest first (an answered connection goes to the back with a
+    /// new deadline); nothing relies on the order.
     waiting: VecDeque<Waiting>,
     accept_paused_until: Option<Instant>,
     scratch: Box<[u8]>,
 }
 
 impl Admission {
-    /// `listener` must already be nonblocking.
+    /// `listener` must already be nonblocking; `rejoined` and
+    /// `rejoin_wake` are the front door's end of `Rejoin::pair`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         listener: TcpListener,
         wake: UnixStream,
@@ -112,6 +163,9 @@ impl Admission {
         registry: Arc<DestinationRegistry>,
         config: TcpServerConfig,
         admitted: Sender<Admitted>,
+        (rejoined, rejoin_wake): (Receiver<Answered>, UnixStream),
+        sink: Arc<OnceCell<ReceiptSink>>,
+        accepted: Arc<AtomicU64>,
     ) -> Admission {
         Admission {
             listener,
@@ -120,6 +174,10 @@ impl Admission {
             registry,
             config,
             admitted,
+            rejoined,
+            rejoin_wake,
+            sink,
+            accepted,
             waiting: VecDeque::new(),
             accept_paused_until: None,
             scratch: vec![0u8; DISCARD_CHUNK].into_boxed_slice(),
@@ -143,6 +201,7 @@ impl Admission {
 
             fds.clear();
             fds.push(pollfd(self.wake.as_raw_fd(), libc::POLLIN));
+            fds.push(pollfd(self.rejoin_wake.as_raw_fd(), libc::POLLIN));
             if accepting {
                 fds.push(pollfd(self.listener.as_raw_fd(), libc::POLLIN));
             }
@@ -153,7 +212,7 @@ impl Admission {
                     .map(|entry| pollfd(entry.stream.as_raw_fd(), interest(&entry.stage))),
             );
             let wake_at = [
-                self.waiting.front().map(|entry| entry.deadline),
+                self.waiting.iter().map(|entry| entry.deadline).min(),
                 self.accept_paused_until,
             ]
             .into_iter()
@@ -189,7 +248,10 @@ impl Admission {
                     self.settle(entry, verdict);
                 }
             }
-            if accepting && fds[1].revents != 0 {
+            if fds[1].revents != 0 {
+                self.take_back_answered();
+            }
+            if accepting && fds[2].revents != 0 {
                 self.accept_ready();
             }
         }
@@ -197,29 +259,74 @@ impl Admission {
 
     /// Closes the connections whose deadline has passed.
     fn expire(&mut self, now: Instant) {
-        while let Some(entry) = self.waiting.front() {
+        let deadline = self.config.header_deadline;
+        self.waiting.retain(|entry| {
             if entry.deadline > now {
-                break;
+                return true;
             }
-            let entry = self.waiting.pop_front().expect("front exists");
-            let what = match entry.stage {
+            let what = match &entry.stage {
                 Stage::Header { filled, .. } => {
                     format!("sent {filled} of {REQUEST_HEADER_LEN} request header bytes")
                 }
-                Stage::Refusing { .. } => "was still being refused".into(),
+                Stage::Payload { claim, received } => {
+                    format!("sent {received} of {} payload bytes", claim.length)
+                }
+                Stage::Answering {
+                    next_request: false,
+                    ..
+                } => "was still being refused".into(),
+                Stage::Answering { .. } => "was still being answered".into(),
             };
             log::debug!(
-                "closing TCP transfer connection from {}: it {what} after the {:?} header deadline",
+                "closing TCP transfer connection from {}: it {what} after the {deadline:?} deadline",
                 entry.peer,
-                self.config.header_deadline
             );
+            if let Stage::Payload { claim, received } = &entry.stage {
+                // Its sender waits for an answer: say why, if the socket
+                // takes it now (it has room for an answer this small).
+                let verdict = status::deadline_exceeded(format!(
+                    "receiver timed out waiting for payload bytes ({received} of {} after {deadline:?})",
+                    claim.length
+                ));
+                let _ = (&entry.stream).write(&encode_refusal(verdict));
+            }
+            false
+        });
+    }
+
+    /// Connections a handler answered OK wait here for their next request.
+    fn take_back_answered(&mut self) {
+        let mut drained = [0u8; 64];
+        while matches!((&self.rejoin_wake).read(&mut drained), Ok(count) if count > 0) {}
+        while let Ok((stream, peer)) = self.rejoined.try_recv() {
+            if let Err(error) = stream.set_nonblocking(true) {
+                log::debug!("closing the TCP transfer connection from {peer}: {error}");
+                continue;
+            }
+            let entry = self.waiting_for_request(stream, peer);
+            self.admit_entry(entry);
+        }
+    }
+
+    fn waiting_for_request(&self, stream: TcpStream, peer: SocketAddr) -> Waiting {
+        Waiting {
+            stream,
+            peer,
+            deadline: Instant::now() + self.config.header_deadline,
+            stage: Stage::Header {
+                bytes: [0u8; REQUEST_HEADER_LEN],
+                filled: 0,
+            },
         }
     }
 
     fn accept_ready(&mut self) {
         for _ in 0..ACCEPTS_PER_ROUND {
             match self.listener.accept() {
-                Ok((stream, peer)) => self.welcome(stream, peer),
+                Ok((stream, peer)) => {
+                    self.accepted.fetch_add(1, Ordering::Relaxed);
+                    self.welcome(stream, peer)
+                }
                 Err(error) => match error.kind() {
                     io::ErrorKind::WouldBlock => return,
                     io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted => {}
@@ -241,25 +348,28 @@ impl Admission {
             log::warn!("cannot make the TCP transfer connection from {peer} nonblocking: {error}");
             return;
         }
-        let mut entry = Waiting {
-            stream,
-            peer,
-            deadline: Instant::now() + self.config.header_deadline,
-            stage: Stage::Header {
-                bytes: [0u8; REQUEST_HEADER_LEN],
-                filled: 0,
-            },
-        };
-        // The header often arrived with the connection: no need to wait
-        // for the next poll round.
+        let entry = self.waiting_for_request(stream, peer);
+        self.admit_entry(entry);
+    }
+
+    /// A new or answered connection: its request often is there already,
+    /// so it is read now rather than at the next poll round; if it must
+    /// wait, it takes a slot of the table.
+    fn admit_entry(&mut self, mut entry: Waiting) {
         let verdict = self.advance(&mut entry);
         if matches!(verdict, Verdict::Keep)
             && self.waiting.len() >= self.config.max_pending_connections
         {
-            if let Some(oldest) = self.waiting.pop_front() {
+            let nearest = self
+                .waiting
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, entry)| entry.deadline)
+                .map(|(index, _)| index);
+            if let Some(evicted) = nearest.and_then(|index| self.waiting.remove(index)) {
                 log::debug!(
                     "closing unauthenticated TCP transfer connection from {}: {} connections are already waiting",
-                    oldest.peer,
+                    evicted.peer,
                     self.config.max_pending_connections
                 );
             }
@@ -271,11 +381,7 @@ impl Admission {
         match verdict {
             Verdict::Keep => self.waiting.push_back(entry),
             Verdict::Close => {}
-            Verdict::Admit {
-                destination,
-                offset,
-                length,
-            } => self.hand_off(entry, destination, offset, length),
+            Verdict::Admit(claim) => self.hand_off(entry, claim),
         }
     }
 
@@ -285,7 +391,7 @@ impl Admission {
             stream,
             peer,
             stage,
-            ..
+            deadline,
         } = entry;
         loop {
             match stage {
@@ -293,9 +399,11 @@ impl Admission {
                     while *filled < REQUEST_HEADER_LEN {
                         match (&*stream).read(&mut bytes[*filled..]) {
                             Ok(0) => {
-                                log::debug!(
-                                    "TCP transfer connection from {peer} closed after {filled} of {REQUEST_HEADER_LEN} request header bytes"
-                                );
+                                if *filled > 0 {
+                                    log::debug!(
+                                        "TCP transfer connection from {peer} closed after {filled} of {REQUEST_HEADER_LEN} request header bytes"
+                                    );
+                                }
                                 return Verdict::Close;
                             }
                             Ok(count) => *filled += count,
@@ -312,21 +420,70 @@ impl Admission {
                         }
                     }
                     match self.authenticate(bytes) {
-                        Ok(verdict) => return verdict,
+                        Ok(claim) if claim.length <= COALESCED_PAYLOAD_BYTES => {
+                            // Its sender wrote it with the header: it has the
+                            // deadline a new header would have.
+                            *deadline = Instant::now() + self.config.header_deadline;
+                            *stage = Stage::Payload { claim, received: 0 };
+                        }
+                        Ok(claim) => return Verdict::Admit(claim),
                         Err((verdict, discard)) => {
                             log::warn!("refusing TCP transfer from {peer}: {verdict}");
-                            *stage = Stage::Refusing {
-                                answer: encode_response(&Err(verdict)),
+                            *stage = Stage::Answering {
+                                answer: encode_refusal(verdict),
                                 written: 0,
                                 discard_left: discard,
+                                next_request: false,
                             };
                         }
                     }
                 }
-                Stage::Refusing {
+                Stage::Payload { claim, received } => {
+                    while *received < claim.length {
+                        // SAFETY: `authenticate` checked `offset + length <=
+                        // destination.len()` and `received < length`, so the
+                        // range written lies inside the destination, whose
+                        // memory the claim's `Arc` keeps valid and writable
+                        // under the `WritableDestination` contract; no Rust
+                        // reference covers that memory.
+                        let got = unsafe {
+                            let target =
+                                claim.destination.as_mut_ptr().add(claim.offset + *received);
+                            recv_now_into(stream, target, claim.length - *received)
+                        };
+                        match got {
+                            Ok(0) => {
+                                // The token stays spent, like any transfer
+                                // that failed after claiming it.
+                                log::warn!(
+                                    "TCP transfer from {peer} closed after {received} of {} payload bytes",
+                                    claim.length
+                                );
+                                return Verdict::Close;
+                            }
+                            Ok(count) => *received += count,
+                            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                                return Verdict::Keep;
+                            }
+                            Err(error) => {
+                                log::warn!("TCP transfer from {peer} failed: {error}");
+                                return Verdict::Close;
+                            }
+                        }
+                    }
+                    let answer = encode_response(&landed(claim, &self.sink));
+                    *stage = Stage::Answering {
+                        answer,
+                        written: 0,
+                        discard_left: 0,
+                        next_request: true,
+                    };
+                }
+                Stage::Answering {
                     answer,
                     written,
                     discard_left,
+                    next_request,
                 } => {
                     while *written < answer.len() {
                         match (&*stream).write(&answer[*written..]) {
@@ -350,10 +507,16 @@ impl Admission {
                         }
                         chunks += 1;
                     }
-                    return if *written == answer.len() && *discard_left == 0 {
-                        Verdict::Close
-                    } else {
-                        Verdict::Keep
+                    if *written < answer.len() || *discard_left > 0 {
+                        return Verdict::Keep;
+                    }
+                    if !*next_request {
+                        return Verdict::Close;
+                    }
+                    *deadline = Instant::now() + self.config.header_deadline;
+                    *stage = Stage::Header {
+                        bytes: [0u8; REQUEST_HEADER_LEN],
+                        filled: 0,
                     };
                 }
             }
@@ -365,45 +528,27 @@ impl Admission {
     fn authenticate(
         &self,
         bytes: &[u8; REQUEST_HEADER_LEN],
-    ) -> std::result::Result<Verdict, (Status, u64)> {
+    ) -> std::result::Result<Claim, (Status, u64)> {
         // Not our protocol: answer without reading further.
         let header = RequestHeader::decode(bytes).map_err(|error| (error, 0))?;
         let discard = header.length.min(self.config.max_discard_bytes);
-        let Some(destination) = self.registry.claim(&header.token) else {
-            return Err((
-                status::unauthenticated(
-                    "no destination is registered for this auth token (unknown, or the receive already completed or was cancelled)",
-                ),
-                discard,
-            ));
-        };
-        let end = header.offset.checked_add(header.length);
-        if end.is_none_or(|end| end > destination.len() as u64) {
-            let message = format!(
-                "write of {} bytes at offset {} exceeds the {}-byte destination",
-                header.length,
-                header.offset,
-                destination.len()
-            );
-            // Nothing was written: the rightful sender may still use the token.
-            self.registry.restore(header.token, destination);
-            return Err((status::out_of_range(message), discard));
-        }
+        // A range outside the destination claims nothing: the rightful
+        // sender may still use the token.
+        let claimed = self
+            .registry
+            .claim_part(&header.token, 0, 1, header.offset, header.length)
+            .map_err(|refusal| (refusal, discard))?;
         // Both fit in usize: their sum is at most `destination.len()`.
-        Ok(Verdict::Admit {
-            destination,
+        Ok(Claim {
+            destination: claimed.destination,
             offset: header.offset as usize,
             length: header.length as usize,
+            landing: claimed.landing,
+            receipt: header.receipt,
         })
     }
 
-    fn hand_off(
-        &self,
-        entry: Waiting,
-        destination: Arc<dyn WritableDestination>,
-        offset: usize,
-        length: usize,
-    ) {
+    fn hand_off(&self, entry: Waiting, claim: Claim) {
         let Waiting { stream, peer, .. } = entry;
         if let Err(error) = prepare_for_payload(&stream, &self.config) {
             // The token stays spent, like any transfer that failed after
@@ -414,9 +559,7 @@ impl Admission {
         let admitted = Admitted {
             stream,
             peer,
-            destination,
-            offset,
-            length,
+            claim,
         };
         // The queue is unbounded on purpose: only a sender holding a
         // registered token gets here, once per token, so its length is
@@ -440,11 +583,12 @@ fn prepare_for_payload(stream: &TcpStream, config: &TcpServerConfig) -> io::Resu
 
 fn interest(stage: &Stage) -> libc::c_short {
     match stage {
-        Stage::Header { .. } => libc::POLLIN,
-        Stage::Refusing {
+        Stage::Header { .. } | Stage::Payload { .. } => libc::POLLIN,
+        Stage::Answering {
             answer,
             written,
             discard_left,
+            ..
         } => {
             let mut events = 0;
             if *written < answer.len() {

@@ -1,11 +1,15 @@
-//! `TcpReceiveServer`: the receiver's end of the TCP transport. Each
-//! connection carries one transfer. The front door (admission.rs, one
-//! thread) accepts connections, reads their request header under one
-//! deadline counted from accept, checks the token (constant time) and the
-//! bounds, and answers refusals itself; only an authenticated connection is
-//! queued for the fixed pool of handler threads, which receive the payload
-//! straight into the registered destination and ack. So unauthenticated
-//! peers, slow or silent, never hold a handler thread.
+//! `TcpReceiveServer`: the receiver's end of the TCP transport. A
+//! connection carries one request at a time, and the next after an OK
+//! answer. The front door (admission.rs, one thread) accepts connections,
+//! reads each request header under one deadline, checks the token
+//! (constant time) and the bounds, answers refusals itself and lands small
+//! payloads itself; only an authenticated request with a larger payload is
+//! queued for the fixed pool of handler threads, which receive it straight
+//! into the registered destination, ack, and give the connection back to
+//! the front door. So unauthenticated peers, slow or silent, never hold a
+//! handler thread. A request may carry its completion key's value (the
+//! receipt): when the destination was registered with that key, it is set
+//! once the bytes are in (`set_receipt_sink`).
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -15,14 +19,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
-use super::admission::{Admission, Admitted};
+use super::admission::{Admission, Admitted, Rejoin};
+use super::landing::landed;
 use super::server_config::TcpServerConfig;
 use super::socket::{is_timeout, recv_exact_into};
-use super::wire::encode_response;
+use super::wire::{encode_refusal, encode_response};
 use crate::status::{self, Result};
-use crate::transport::registry::DestinationRegistry;
+use crate::transport::registry::{DestinationRegistry, ReceiptSink};
 
 /// Streams currently being served, so that shutdown can cut them off
 /// instead of waiting for their timeouts.
@@ -35,6 +41,8 @@ struct ActiveConnections {
 pub struct TcpReceiveServer {
     local_addr: SocketAddr,
     registry: Arc<DestinationRegistry>,
+    sink: Arc<OnceCell<ReceiptSink>>,
+    accepted: Arc<AtomicU64>,
     active: Arc<ActiveConnections>,
     stopping: Arc<AtomicBool>,
     /// Dropping it wakes the front door to shut down.
@@ -86,6 +94,13 @@ impl TcpReceiveServer {
         let active = Arc::new(ActiveConnections::default());
         let stopping = Arc::new(AtomicBool::new(false));
         let (admitted, queued) = crossbeam_channel::unbounded::<Admitted>();
+        let (rejoin, rejoined, rejoin_wake) = Rejoin::pair().map_err(|error| {
+            status::internal(format!(
+                "cannot create the TCP transfer server's rejoin socket: {error}"
+            ))
+        })?;
+        let sink: Arc<OnceCell<ReceiptSink>> = Arc::default();
+        let accepted = Arc::new(AtomicU64::new(0));
 
         // From here on, returning early drops `wake` and `admitted`, which
         // stops whatever threads were already started.
@@ -95,9 +110,16 @@ impl TcpReceiveServer {
             let active = active.clone();
             let stopping = stopping.clone();
             let config = config.clone();
+            let handlers = Handlers {
+                active: active.clone(),
+                stopping: stopping.clone(),
+                config: config.clone(),
+                rejoin: rejoin.clone(),
+                sink: sink.clone(),
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("crosshost-tcp-recv-{index}"))
-                .spawn(move || serve_connections(queued, &active, &stopping, &config))
+                .spawn(move || handlers.serve(queued))
                 .map_err(|error| status::internal(format!("cannot spawn TCP handler: {error}")))?;
             handler_threads.push(handle);
         }
@@ -108,6 +130,9 @@ impl TcpReceiveServer {
             registry.clone(),
             config,
             admitted,
+            (rejoined, rejoin_wake),
+            sink.clone(),
+            accepted.clone(),
         );
         let admission_thread = std::thread::Builder::new()
             .name("crosshost-tcp-accept".into())
@@ -117,6 +142,8 @@ impl TcpReceiveServer {
         Ok(TcpReceiveServer {
             local_addr,
             registry,
+            sink,
+            accepted,
             active,
             stopping,
             wake: Some(wake),
@@ -133,6 +160,18 @@ impl TcpReceiveServer {
     /// The destinations senders may write through this server.
     pub fn registry(&self) -> &Arc<DestinationRegistry> {
         &self.registry
+    }
+
+    /// Connections accepted so far (a sender reuses one for many requests).
+    pub fn connections_accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Where the receipts that come with the bytes are applied; set once
+    /// (later calls are ignored). Without it every request is answered
+    /// "receipt not applied", and its sender sets the key itself.
+    pub fn set_receipt_sink(&self, sink: ReceiptSink) {
+        let _ = self.sink.set(sink);
     }
 }
 
@@ -156,56 +195,67 @@ impl Drop for TcpReceiveServer {
     }
 }
 
-fn serve_connections(
-    queued: Receiver<Admitted>,
-    active: &ActiveConnections,
-    stopping: &AtomicBool,
-    config: &TcpServerConfig,
-) {
-    for transfer in queued {
-        let id = active.next_id.fetch_add(1, Ordering::Relaxed);
-        {
-            // Checked under the lock that shutdown also takes: a connection is
-            // either registered before shutdown cuts them all, or skipped.
-            let mut streams = active.streams.lock();
-            if stopping.load(Ordering::SeqCst) {
-                continue;
-            }
-            if let Ok(clone) = transfer.stream.try_clone() {
-                streams.insert(id, clone);
-            }
-        }
-        if let Err(error) = serve_one(&transfer, config) {
-            log::warn!("TCP transfer from {} failed: {error}", transfer.peer);
-        }
-        active.streams.lock().remove(&id);
-    }
+/// What each handler thread shares.
+struct Handlers {
+    active: Arc<ActiveConnections>,
+    stopping: Arc<AtomicBool>,
+    config: TcpServerConfig,
+    rejoin: Rejoin,
+    sink: Arc<OnceCell<ReceiptSink>>,
 }
 
-/// Receives one authenticated transfer's payload and acks it. Errors
-/// returned here are connection-level problems (already answered to the
-/// peer where possible) for the log.
-fn serve_one(transfer: &Admitted, config: &TcpServerConfig) -> io::Result<()> {
-    let stream = &transfer.stream;
-    // SAFETY: admission checked `offset + length <= destination.len()`, and
-    // `destination` (an `Arc` clone held for the whole call) keeps its memory
-    // valid and writable under the `WritableDestination` contract; no Rust
-    // reference covers that memory.
-    let received = unsafe {
-        let target = transfer.destination.as_mut_ptr().add(transfer.offset);
-        recv_exact_into(stream, target, transfer.length)
-    };
-    match received {
-        Ok(()) => (&*stream).write_all(&encode_response(&Ok(()))),
-        Err(error) => {
-            if is_timeout(&error) {
-                let verdict = status::deadline_exceeded(format!(
-                    "receiver timed out waiting for payload bytes after {:?}",
-                    config.io_timeout
-                ));
-                let _ = (&*stream).write_all(&encode_response(&Err(verdict)));
+impl Handlers {
+    fn serve(self, queued: Receiver<Admitted>) {
+        for transfer in queued {
+            let id = self.active.next_id.fetch_add(1, Ordering::Relaxed);
+            {
+                // Checked under the lock that shutdown also takes: a
+                // connection is either registered before shutdown cuts them
+                // all, or skipped.
+                let mut streams = self.active.streams.lock();
+                if self.stopping.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if let Ok(clone) = transfer.stream.try_clone() {
+                    streams.insert(id, clone);
+                }
             }
-            Err(error)
+            let served = self.serve_one(&transfer);
+            self.active.streams.lock().remove(&id);
+            match served {
+                Ok(()) => self.rejoin.give_back(transfer.stream, transfer.peer),
+                Err(error) => log::warn!("TCP transfer from {} failed: {error}", transfer.peer),
+            }
+        }
+    }
+
+    /// Receives one authenticated transfer's payload and acks it. Errors
+    /// returned here are connection-level problems (already answered to the
+    /// peer where possible) for the log; after `Ok` the connection may carry
+    /// the next request.
+    fn serve_one(&self, transfer: &Admitted) -> io::Result<()> {
+        let stream = &transfer.stream;
+        let claim = &transfer.claim;
+        // SAFETY: admission checked `offset + length <= destination.len()`,
+        // and `destination` (an `Arc` clone held for the whole call) keeps
+        // its memory valid and writable under the `WritableDestination`
+        // contract; no Rust reference covers that memory.
+        let received = unsafe {
+            let target = claim.destination.as_mut_ptr().add(claim.offset);
+            recv_exact_into(stream, target, claim.length)
+        };
+        match received {
+            Ok(()) => (&*stream).write_all(&encode_response(&landed(claim, &self.sink))),
+            Err(error) => {
+                if is_timeout(&error) {
+                    let verdict = status::deadline_exceeded(format!(
+                        "receiver timed out waiting for payload bytes after {:?}",
+                        self.config.io_timeout
+                    ));
+                    let _ = (&*stream).write_all(&encode_refusal(verdict));
+                }
+                Err(error)
+            }
         }
     }
 }

@@ -74,6 +74,60 @@ pub unsafe fn recv_exact_into(stream: &TcpStream, target: *mut u8, len: usize) -
     Ok(())
 }
 
+/// One `recv` of at most `len` bytes into raw memory at `target`, without
+/// waiting: `WouldBlock` when nothing is there, `Ok(0)` (for `len > 0`)
+/// when the peer closed.
+///
+/// # Safety
+///
+/// `target` must be valid for writes of `len` bytes for the whole call, and
+/// no Rust reference may cover that memory meanwhile.
+pub unsafe fn recv_now_into(stream: &TcpStream, target: *mut u8, len: usize) -> io::Result<usize> {
+    loop {
+        // SAFETY: the caller's range is valid for `len` bytes, and `recv`
+        // writes at most `len`.
+        let got = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                target.cast(),
+                len.min(MAX_RECV_CHUNK),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if got >= 0 {
+            return Ok(got as usize);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// True when an idle connection's peer has closed it or sent something
+/// unasked (either way it cannot carry another request), without waiting.
+pub fn unusable_when_idle(stream: &TcpStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: one byte of `byte`, which lives across the call; MSG_PEEK
+    // leaves the socket's data as it is.
+    let got = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if got < 0 {
+        let error = io::Error::last_os_error();
+        return !matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        );
+    }
+    true
+}
+
 /// True for the errors a socket timeout produces.
 pub fn is_timeout(error: &io::Error) -> bool {
     matches!(

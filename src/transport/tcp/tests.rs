@@ -54,6 +54,44 @@ fn guarded_server(
     .unwrap()
 }
 
+/// One send on a sender of its own (no kept connection to reuse).
+fn tcp_send(
+    endpoint: SocketAddr,
+    token: &AuthToken,
+    offset: u64,
+    bytes: &[u8],
+    timeout: Duration,
+) -> crate::status::Result<()> {
+    TcpSender::new()
+        .send(endpoint, token, offset, bytes, None, timeout)
+        .map(|_| ())
+}
+
+/// A connection that sent one request header (no receipt), then `payload`.
+fn raw_request(
+    endpoint: SocketAddr,
+    token: AuthToken,
+    offset: u64,
+    length: u64,
+    payload: &[u8],
+) -> TcpStream {
+    let mut stream = TcpStream::connect(endpoint).unwrap();
+    let header = RequestHeader {
+        token,
+        offset,
+        length,
+        receipt: Vec::new(),
+    };
+    stream.write_all(&header.encode()).unwrap();
+    stream.write_all(payload).unwrap();
+    stream
+}
+
+/// The refusal a receiver answered.
+fn refusal(answer: &mut impl Read) -> crate::status::Status {
+    read_response(answer).unwrap().unwrap().outcome.unwrap_err()
+}
+
 fn registered(server: &TcpReceiveServer, len: usize) -> (AuthToken, Arc<HeapDestination>) {
     let token = AuthToken::generate().unwrap();
     let destination = Arc::new(HeapDestination::new(len));
@@ -137,15 +175,8 @@ fn writes_outside_the_destination_are_refused() {
         assert!(error.message.contains("16-byte destination"), "{error}");
     }
     // An offset chosen so that offset + length wraps around.
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-    let header = RequestHeader {
-        token,
-        offset: u64::MAX - 1,
-        length: 4,
-    };
-    stream.write_all(&header.encode()).unwrap();
-    stream.write_all(&[9; 4]).unwrap();
-    let verdict = read_response(&mut stream).unwrap().unwrap().unwrap_err();
+    let mut stream = raw_request(server.local_addr(), token, u64::MAX - 1, 4, &[9; 4]);
+    let verdict = refusal(&mut stream);
     assert_eq!(verdict.code, Code::OutOfRange);
     assert_eq!(destination.to_vec(), vec![0; 16]);
     tcp_send(server.local_addr(), &token, 0, &[1; 16], TIMEOUT).unwrap();
@@ -158,7 +189,7 @@ fn foreign_protocols_get_an_error_answer() {
     let mut request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
     request.resize(super::REQUEST_HEADER_LEN, b' ');
     stream.write_all(&request).unwrap();
-    let verdict = read_response(&mut stream).unwrap().unwrap().unwrap_err();
+    let verdict = refusal(&mut stream);
     assert_eq!(verdict.code, Code::InvalidArgument);
 }
 
@@ -168,17 +199,14 @@ fn a_sender_dying_mid_stream_frees_the_handler() {
     // one released it.
     let server = server_with(1, TIMEOUT);
     let (token, _destination) = registered(&server, 1 << 20);
-    {
-        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
-        let header = RequestHeader {
-            token,
-            offset: 0,
-            length: 1 << 20,
-        };
-        stream.write_all(&header.encode()).unwrap();
-        stream.write_all(&[7; 100]).unwrap();
-        // Dropped here: the receiver sees EOF after 100 of 1 MiB bytes.
-    }
+    // Dropped at once: the receiver sees EOF after 100 of 1 MiB bytes.
+    drop(raw_request(
+        server.local_addr(),
+        token,
+        0,
+        1 << 20,
+        &[7; 100],
+    ));
     // The dead sender claimed the token (bytes may have landed), so it is
     // spent; the server itself keeps serving other destinations.
     let again = tcp_send(server.local_addr(), &token, 0, &[1; 8], TIMEOUT).unwrap_err();
@@ -191,20 +219,24 @@ fn a_sender_dying_mid_stream_frees_the_handler() {
 
 #[test]
 fn a_stalled_sender_times_out_on_the_receiver() {
-    let server = server_with(1, Duration::from_millis(100));
-    let (token, _destination) = registered(&server, 64);
-    let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
-    let header = RequestHeader {
-        token,
-        offset: 0,
-        length: 64,
-    };
-    stalled.write_all(&header.encode()).unwrap();
-    // Never sends the payload: the receiver gives up and says why.
-    let verdict = read_response(&mut stalled).unwrap().unwrap().unwrap_err();
-    assert_eq!(verdict.code, Code::DeadlineExceeded);
-    let (fresh, _other) = registered(&server, 64);
-    tcp_send(server.local_addr(), &fresh, 0, &[1; 64], TIMEOUT).unwrap();
+    // A large payload is a handler's (bounded by io_timeout), a small one
+    // the front door's (bounded by the header deadline): either way the
+    // receiver gives up and says why, and the one handler is free again.
+    let server = guarded_server(
+        1,
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+        256,
+    );
+    for length in [1 << 20, 64] {
+        let (token, _destination) = registered(&server, length);
+        // Never sends the rest of the payload.
+        let mut stalled = raw_request(server.local_addr(), token, 0, length as u64, &[3; 10]);
+        let verdict = refusal(&mut stalled);
+        assert_eq!(verdict.code, Code::DeadlineExceeded, "{length}: {verdict}");
+        let (fresh, _other) = registered(&server, length);
+        tcp_send(server.local_addr(), &fresh, 0, &vec![1; length], TIMEOUT).unwrap();
+    }
 }
 
 #[test]
@@ -405,6 +437,7 @@ fn forged_header() -> Vec<u8> {
         token: AuthToken::generate().unwrap(),
         offset: 0,
         length: u64::MAX,
+        receipt: Vec::new(),
     }
     .encode()
     .to_vec()
@@ -520,10 +553,7 @@ fn refused_connections_hold_no_handler() {
     );
     assert_transfer_completes(&server);
     for seen in assert_closed_by_server(attackers) {
-        let verdict = read_response(&mut &seen.answer[..])
-            .unwrap()
-            .unwrap()
-            .unwrap_err();
+        let verdict = refusal(&mut &seen.answer[..]);
         assert_eq!(verdict.code, Code::Unauthenticated, "{verdict}");
     }
 }
@@ -580,4 +610,178 @@ fn pre_authentication_limits_must_be_positive() {
             .unwrap();
         assert_eq!(error.code, Code::InvalidArgument, "{error}");
     }
+}
+
+#[test]
+fn one_kept_connection_carries_a_senders_transfers_to_a_receiver() {
+    // Small payloads are landed by the front door, large ones by a handler:
+    // both give the connection back for the next request.
+    let server = server_with(2, TIMEOUT);
+    let sender = TcpSender::new();
+    for (index, len) in [4096, 1 << 20, 0, 64 << 10, (64 << 10) + 1, 4096]
+        .into_iter()
+        .enumerate()
+    {
+        let (token, destination) = registered(&server, len.max(1));
+        let payload = pattern(len, index as u8);
+        let delivered = sender
+            .send(server.local_addr(), &token, 0, &payload, None, TIMEOUT)
+            .unwrap();
+        assert!(!delivered.receipt_applied);
+        assert_eq!(
+            &destination.to_vec()[..len],
+            &payload[..],
+            "transfer {index}"
+        );
+    }
+    assert_eq!(server.connections_accepted(), 1);
+    assert_eq!(sender.idle_connections(), 1);
+    // A refusal closes the connection: the next transfer reconnects.
+    let stranger = AuthToken::generate().unwrap();
+    let refused = sender
+        .send(server.local_addr(), &stranger, 0, &[1; 8], None, TIMEOUT)
+        .unwrap_err();
+    assert_eq!(refused.code, Code::Unauthenticated, "{refused}");
+    assert_eq!(sender.idle_connections(), 0);
+    let (token, destination) = registered(&server, 8);
+    tcp_send(server.local_addr(), &token, 0, &[6; 8], TIMEOUT).unwrap();
+    assert_eq!(destination.to_vec(), vec![6; 8]);
+}
+
+/// Receipts applied: key, value, and the destination's bytes then.
+type Applied = Arc<parking_lot::Mutex<Vec<(String, Vec<u8>, Vec<u8>)>>>;
+
+/// A sink that records each receipt with what the destination held when it
+/// was applied.
+fn recording_sink(server: &TcpReceiveServer, destination: Arc<HeapDestination>) -> Applied {
+    let seen: Applied = Arc::default();
+    let record = seen.clone();
+    server.set_receipt_sink(Arc::new(move |key: &str, value: &[u8]| {
+        record
+            .lock()
+            .push((key.to_string(), value.to_vec(), destination.to_vec()));
+        Ok(())
+    }));
+    seen
+}
+
+/// One send of `bytes` with the receipt `xr1 ok 7f`, on a sender of its own.
+fn send_with_receipt(
+    server: &TcpReceiveServer,
+    token: &AuthToken,
+    bytes: &[u8],
+) -> crate::transport::registry::Delivered {
+    TcpSender::new()
+        .send(
+            server.local_addr(),
+            token,
+            0,
+            bytes,
+            Some(b"xr1 ok 7f"),
+            TIMEOUT,
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_receipt_sent_with_the_bytes_sets_the_key_once_they_are_in() {
+    for len in [4096, 1 << 20] {
+        let server = server_with(1, TIMEOUT);
+        let token = AuthToken::generate().unwrap();
+        let destination = Arc::new(HeapDestination::new(len));
+        server
+            .registry()
+            .register_with_key(token, destination.clone(), Some("done/7".into()))
+            .unwrap();
+        let seen = recording_sink(&server, destination.clone());
+        let payload = pattern(len, 3);
+        let delivered = send_with_receipt(&server, &token, &payload);
+        assert!(delivered.receipt_applied, "{len}");
+        let seen = seen.lock();
+        assert_eq!(seen.len(), 1, "{len}: applied exactly once");
+        assert_eq!(seen[0].0, "done/7");
+        assert_eq!(seen[0].1, b"xr1 ok 7f");
+        assert_eq!(
+            seen[0].2, payload,
+            "{len}: the key was set before the bytes were in"
+        );
+    }
+}
+
+#[test]
+fn a_receipt_is_applied_only_for_a_key_held_here() {
+    let server = server_with(1, TIMEOUT);
+    // Registered without a key: the receipt is not the receiver's to set.
+    let (token, destination) = registered(&server, 16);
+    let seen = recording_sink(&server, destination.clone());
+    let delivered = send_with_receipt(&server, &token, &[1; 16]);
+    assert!(!delivered.receipt_applied);
+    assert!(seen.lock().is_empty());
+    // Registered with a key but no sink set: the sender must set it.
+    let bare = server_with(1, TIMEOUT);
+    let token = AuthToken::generate().unwrap();
+    bare.registry()
+        .register_with_key(token, Arc::new(HeapDestination::new(16)), Some("k".into()))
+        .unwrap();
+    let delivered = send_with_receipt(&bare, &token, &[1; 16]);
+    assert!(!delivered.receipt_applied);
+}
+
+/// Sends two requests from one sender to a receiver that answers the first
+/// OK, then closes that connection once the second arrives, unanswered (as
+/// a receiver that closed an idle connection just as it was reused), and on
+/// the sender's new connection answers `second`. The second send's outcome.
+fn resent_after_a_close(
+    second: Vec<u8>,
+) -> crate::status::Result<crate::transport::registry::Delivered> {
+    let listener = TcpListener::bind(loopback()).unwrap();
+    let endpoint = listener.local_addr().unwrap();
+    let receiver = std::thread::spawn(move || {
+        let (mut first, _) = listener.accept().unwrap();
+        let mut request = [0u8; super::REQUEST_HEADER_LEN + 8];
+        first.read_exact(&mut request).unwrap();
+        first
+            .write_all(&super::wire::encode_response(&super::wire::Response {
+                outcome: Ok(()),
+                receipt_applied: false,
+            }))
+            .unwrap();
+        first.read_exact(&mut request).unwrap();
+        drop(first);
+        let (mut again, _) = listener.accept().unwrap();
+        again.read_exact(&mut request).unwrap();
+        again.write_all(&second).unwrap();
+    });
+    let sender = TcpSender::new();
+    let token = AuthToken::generate().unwrap();
+    sender
+        .send(endpoint, &token, 0, &[1; 8], None, TIMEOUT)
+        .unwrap();
+    let outcome = sender.send(endpoint, &token, 0, &[2; 8], None, TIMEOUT);
+    receiver.join().unwrap();
+    outcome
+}
+
+#[test]
+fn a_kept_connection_closed_by_the_receiver_is_replaced_by_a_new_one() {
+    let ok = super::wire::encode_response(&super::wire::Response {
+        outcome: Ok(()),
+        receipt_applied: true,
+    });
+    let delivered = resent_after_a_close(ok).unwrap();
+    assert!(
+        delivered.receipt_applied,
+        "the answer came on the new connection"
+    );
+}
+
+#[test]
+fn a_resent_request_whose_destination_is_gone_fails_rather_than_reads_as_foreign() {
+    // The closed connection may have claimed the destination: the send
+    // failed (its receipt is the sender's to set), it was not refused as
+    // somebody else's.
+    let refusal = super::wire::encode_refusal(crate::status::unauthenticated("no such token"));
+    let error = resent_after_a_close(refusal).unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(error.message.contains("sent again"), "{error}");
 }

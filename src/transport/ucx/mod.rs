@@ -52,9 +52,9 @@ mod wire;
 mod worker;
 
 pub use library::{load, LoadedUcx, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV};
-pub use transfer::{Delivered, Payload, SendDone};
+pub use transfer::{Payload, SendDone};
 pub use transport::UcxTransport;
-pub use worker::{lane_transports, ReceiptSink};
+pub use worker::lane_transports;
 
 #[cfg(test)]
 mod tests;

@@ -10,6 +10,7 @@ use super::*;
 use crate::status::{Code, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::HeapDestination;
+use crate::transport::registry::Delivered;
 
 const WAIT: Duration = Duration::from_secs(20);
 

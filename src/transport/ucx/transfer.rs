@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 
 use crate::backend::Allocation;
 use crate::status::{self, Result};
+use crate::transport::registry::Delivered;
 
 /// The bytes of one send, kept alive (by `_owner`) until UCX is done
 /// reading them.
@@ -89,14 +90,6 @@ impl Payload {
 
 /// Told the outcome of one send, exactly once.
 pub type SendDone = Box<dyn FnOnce(Result<Delivered>) + Send>;
-
-/// A send that reached its destination.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Delivered {
-    /// The receipt sent with the bytes set the completion key (the sender
-    /// must not set it again).
-    pub receipt_applied: bool,
-}
 
 /// One buffer's send, shared by its parts.
 pub struct Transfer {

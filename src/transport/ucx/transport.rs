@@ -13,10 +13,11 @@ use once_cell::sync::OnceCell;
 
 use super::library::LoadedUcx;
 use super::transfer::{stripes, workers_per_process, Payload, SendDone, Transfer};
-use super::worker::{ReceiptSink, SendPart, WorkerHandle};
+use super::worker::{SendPart, WorkerHandle};
 use crate::status::Result;
 use crate::transport::auth_token::AuthToken;
 use crate::transport::registry::DestinationRegistry;
+use crate::transport::registry::ReceiptSink;
 
 pub struct UcxTransport {
     workers: Vec<WorkerHandle>,

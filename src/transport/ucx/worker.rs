@@ -37,7 +37,7 @@ use crate::status::{self, Result, Status};
 use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
-use crate::transport::registry::{DestinationRegistry, Landing};
+use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink};
 
 /// Longest sleep of an idle progress thread.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
@@ -64,10 +64,6 @@ pub struct SendPart {
     /// The completion key's hash, for the timeline's marks.
     pub mark_key: u64,
 }
-
-/// Applies a receipt that came with the bytes: sets `key` (held by this
-/// process) to `value`.
-pub type ReceiptSink = Arc<dyn Fn(&str, &[u8]) -> Result<()> + Send + Sync>;
 
 enum Command {
     Peers(HashMap<u32, Vec<Vec<u8>>>),
