@@ -165,8 +165,11 @@ def test_a_sender_killed_mid_transfer_fails_the_receive_promptly(two_hosts, tmp_
     os.killpg(sender.pid, signal.SIGKILL)
     sender.wait(30)
     received = job.result(receiver)
+    # The buffer whose send reached the kill point fails. Sends run side by
+    # side (TCP sends on several threads), so others may have landed before
+    # the kill: each is OK or failed, none is left waiting.
     assert any(b.startswith("UNAVAILABLE") for b in received["buffers"]), received["buffers"]
-    assert "OK" not in received["buffers"][-1:], received["buffers"]
+    assert all(b == "OK" or b.startswith("UNAVAILABLE") for b in received["buffers"]), received
     assert time.monotonic() - killed_at < PROMPT_S + 30, received
     assert received["seconds"] < TIMEOUT_MS / 1000, received
 

@@ -75,6 +75,13 @@ fn copy_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// TCP sends at once. A TCP send mostly waits (for the socket, then for the
+/// receiver's answer), so sends to a receiver overlap on their own threads
+/// and connections instead of queueing behind one copy thread; the
+/// receiver lands small ones in one front-door round and has 4 handlers
+/// for the rest.
+const TCP_SEND_THREADS: usize = 4;
+
 /// Copies up to this size run on the thread where the source became ready.
 const INLINE_COPY_BYTES: usize = 256 << 10;
 
@@ -229,6 +236,8 @@ pub struct TransferService {
     tcp_server: OnceCell<TcpReceiveServer>,
     /// The TCP transport's sending side (its kept connections).
     tcp: TcpSender,
+    /// Where TCP sends run, started at the first.
+    tcp_sends: OnceCell<Arc<AsyncWorkRunner>>,
     /// Where the receipts that come with the bytes set their keys (the peer
     /// store's local part), for a TCP server bound later.
     receipt_sink: OnceCell<ReceiptSink>,
@@ -288,6 +297,7 @@ impl TransferService {
             liveness: Mutex::new(None),
             tcp_server: tcp_server.map_or_else(OnceCell::new, OnceCell::with_value),
             tcp: TcpSender::new(),
+            tcp_sends: OnceCell::new(),
             receipt_sink: OnceCell::new(),
             ucx,
             incarnations: Mutex::new(HashMap::new()),
@@ -342,6 +352,12 @@ impl TransferService {
             }
             Ok(server)
         })
+    }
+
+    fn tcp_sends(&self) -> Arc<AsyncWorkRunner> {
+        self.tcp_sends
+            .get_or_init(|| Arc::new(AsyncWorkRunner::new("crosshost-tcp-send", TCP_SEND_THREADS)))
+            .clone()
     }
 
     /// Where a receipt that comes with the bytes (over UCX or TCP) sets its

@@ -99,9 +99,14 @@ impl TransferService {
         let inline = source.spec.byte_size <= INLINE_COPY_BYTES
             && source.memory.reads_without_waiting()
             && matches!(descriptor.allocation, AllocationHandle::SharedMemory { .. });
+        let over_tcp = matches!(descriptor.allocation, AllocationHandle::Tcp { .. });
         ready.on_ready(move |defined| {
             let defined = defined.clone();
-            let copies = service.copies.clone();
+            let runner = if over_tcp {
+                service.tcp_sends()
+            } else {
+                service.copies.clone()
+            };
             let copy = move || {
                 crate::timeline!("send to {}: copy starts", descriptor.completion_key);
                 crate::sync::timeline::mark(
@@ -123,7 +128,7 @@ impl TransferService {
             if inline {
                 copy();
             } else {
-                copies.submit(copy);
+                runner.submit(copy);
             }
         });
     }
