@@ -493,10 +493,15 @@ impl TransferService {
     }
 
     /// Process `process` is gone (its link closed): its receives fail, and
-    /// so do the sends waiting for its descriptors; new sends to it fail at
-    /// once until it answers again. Returns (receives, sends) failed.
+    /// so do the sends waiting for its descriptors or (over UCX) for its
+    /// acknowledgement; new sends to it fail at once until it answers again. Returns (receives, sends) failed.
     pub fn peer_lost(&self, process: i32) -> (usize, usize) {
         self.lost.lock().insert(process);
+        // Sends whose bytes left and whose acknowledgement would come from
+        // it fail too, rather than at their deadline.
+        if let (Some(ucx), Ok(process)) = (&self.ucx, u32::try_from(process)) {
+            ucx.peer_lost(process);
+        }
         let receives = self.fail_receives_from(
             process,
             status::unavailable(format!(

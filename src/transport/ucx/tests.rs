@@ -222,3 +222,46 @@ fn a_destroyed_transport_answers_every_send() {
         assert!(outcome.is_err());
     }
 }
+
+#[test]
+fn a_send_waiting_for_a_lost_processs_acknowledgement_fails_at_once() {
+    let Some((a, b)) = pair() else { return };
+    // The receiver takes the bytes, then hangs before it acknowledges them
+    // (its sink blocks), as a process that dies right after they land.
+    let (entered, in_sink) = crossbeam_channel::bounded::<()>(1);
+    let (release, released) = crossbeam_channel::bounded::<()>(1);
+    b.set_receipt_sink(Arc::new(move |_: &str, _: &[u8]| {
+        let _ = entered.send(());
+        let _ = released.recv();
+        Ok(())
+    }));
+    let token = AuthToken::generate().unwrap();
+    b.registry()
+        .register_with_key(token, Arc::new(HeapDestination::new(64)), Some("k".into()))
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    a.send(
+        1,
+        token,
+        0,
+        Payload::owned(vec![5; 64]),
+        Some(b"xr1 ok 1".to_vec()),
+        // Far beyond the test: only the loss can end this send.
+        Duration::from_secs(3600),
+        Box::new(move |outcome| {
+            let _ = tx.send(outcome);
+        }),
+        0,
+    );
+    in_sink
+        .recv_timeout(WAIT)
+        .expect("the bytes reach the receiver");
+    a.peer_lost(1);
+    let outcome = rx
+        .recv_timeout(WAIT)
+        .expect("the send ends when its receiver is lost");
+    let error = outcome.unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(error.message.contains("control link closed"), "{error}");
+    release.send(()).unwrap();
+}

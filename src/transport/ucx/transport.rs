@@ -97,6 +97,14 @@ impl UcxTransport {
 
     /// The lanes UCX chose to each peer (over all workers) that carried a
     /// transfer.
+    /// Process `process` is gone (its control link closed): its sends
+    /// waiting for an acknowledgement fail now, not at their deadline.
+    pub fn peer_lost(&self, process: u32) {
+        for worker in &self.workers {
+            worker.peer_lost(process);
+        }
+    }
+
     pub fn lanes(&self) -> HashMap<u32, String> {
         let mut lanes: HashMap<u32, Vec<String>> = HashMap::new();
         for worker in &self.workers {

@@ -71,6 +71,9 @@ enum Command {
     /// up (or failed).
     Connect(Sender<Result<()>>),
     Send(Box<SendPart>),
+    /// The process is gone (its control link closed): what waits on it
+    /// fails now.
+    PeerLost(u32),
     Stop,
 }
 
@@ -341,6 +344,12 @@ impl WorkerHandle {
         })
     }
 
+    /// Process `process` is gone: fails what waits on it (see
+    /// `Worker::peer_lost`).
+    pub fn peer_lost(&self, process: u32) {
+        let _ = self.handle.order(Command::PeerLost(process));
+    }
+
     /// Sends one part; its transfer hears how it went. On this thread when
     /// the worker is free, else through its progress thread.
     pub fn send_part(&self, part: SendPart) {
@@ -570,6 +579,7 @@ impl Worker {
                         Command::Send(order) => {
                             worker.start_send(*order);
                         }
+                        Command::PeerLost(process) => worker.peer_lost(process),
                         Command::Stop => break 'serve,
                     }
                 }
@@ -1006,10 +1016,53 @@ impl Worker {
         );
         if self.peers.get(&peer).and_then(|p| p.ep) == Some(ep) {
             let why = self.api.describe(status);
+            // The acknowledgements of sends whose bytes already left would
+            // come from that process: they fail now, not at their deadline.
+            self.fail_unanswered_to(
+                peer.0,
+                status::unavailable(format!(
+                    "UCX transfer to process {}: its endpoint failed ({why}) before the receiver \
+                     acknowledged the bytes",
+                    peer.0
+                )),
+            );
             self.close_endpoint(peer, true);
             if let Some(state) = self.peers.get_mut(&peer) {
                 state.failed = Some(why);
             }
+        }
+    }
+
+    /// Process `process` is gone (its control link closed): its sends that
+    /// wait for an acknowledgement fail now, and its endpoint is closed,
+    /// cutting off what UCX still holds for it. The endpoint is not marked
+    /// failed: a send to the process is only made again once it answers
+    /// on its link (`TransferService::check_receiver_alive`).
+    fn peer_lost(&mut self, process: u32) {
+        self.fail_unanswered_to(
+            process,
+            status::unavailable(format!(
+                "UCX transfer to process {process}: the process is gone (its control link \
+                 closed) before it acknowledged the bytes"
+            )),
+        );
+        let remote = self.counterpart(process);
+        self.close_endpoint(remote, true);
+    }
+
+    fn fail_unanswered_to(&mut self, process: u32, error: Status) {
+        let waiting: Vec<u64> = self
+            .sends
+            .iter()
+            .filter(|(_, op)| !op.answered && op.peer == process)
+            .map(|(id, _)| *id)
+            .collect();
+        for request in waiting {
+            if let Some(op) = self.sends.get_mut(&request) {
+                op.answered = true;
+                op.transfer.fail(error.clone());
+            }
+            self.release_if_finished(request);
         }
     }
 
