@@ -15,9 +15,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use crate::status::{self, Code, Result, Status};
+use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
 
@@ -43,6 +45,37 @@ pub struct Landing {
 }
 
 impl Landing {
+    /// Sets the completion key to `value` (the receipt that came with the
+    /// bytes, all of them in) through `sink`; true when it was. Otherwise
+    /// says why in the log: the sender, told so, sets the key itself.
+    /// `transport` names the receiver in that line.
+    pub fn apply_receipt(
+        &self,
+        value: &[u8],
+        sink: &OnceCell<ReceiptSink>,
+        transport: &str,
+    ) -> bool {
+        let key = &self.completion_key;
+        timeline::mark(Point::BytesLanded, key);
+        let Some(sink) = sink.get() else {
+            log::warn!("{transport} receiver: a receipt came with bytes but none is applied here");
+            return false;
+        };
+        match sink(key, value) {
+            Ok(()) => {
+                timeline::mark(Point::ReceiptSet, key);
+                true
+            }
+            Err(e) => {
+                log::warn!(
+                    "{transport} receiver: the receipt for {key} that came with its bytes was not \
+                     applied ({e}); its sender sets it"
+                );
+                false
+            }
+        }
+    }
+
     /// One part's bytes are in; true for the last of them.
     pub fn part_landed(&self) -> bool {
         self.remaining
@@ -121,25 +154,11 @@ impl DestinationRegistry {
         }
     }
 
-    /// Takes the whole destination for the sender presenting `token`.
-    pub fn claim(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
-        // `AuthToken`'s equality is the constant-time compare, and the map's
-        // hasher is randomly keyed, so lookup timing reveals nothing useful
-        // about registered tokens.
-        let mut destinations = self.destinations.lock();
-        match destinations.remove(token)? {
-            Entry::Open(destination, _) => Some(destination),
-            parts @ Entry::Parts { .. } => {
-                destinations.insert(*token, parts);
-                None
-            }
-        }
-    }
-
     /// Takes part `part` of `parts` (`length` bytes at `offset`) of the
     /// destination registered under `token`. UNAUTHENTICATED for an unknown
     /// or used-up token, a part already taken or a different part count;
     /// OUT_OF_RANGE (nothing claimed) for a range outside the destination.
+    /// A whole destination is its one part of one (the TCP transport).
     pub fn claim_part(
         &self,
         token: &AuthToken,
@@ -159,6 +178,9 @@ impl DestinationRegistry {
                 "part {part} of {parts}: a destination is written in 1..={MAX_PARTS} parts"
             )));
         }
+        // `AuthToken`'s equality is the constant-time compare, and the map's
+        // hasher is randomly keyed, so lookup timing reveals nothing useful
+        // about registered tokens.
         let mut destinations = self.destinations.lock();
         let entry = destinations.get_mut(token).ok_or_else(refused)?;
         let destination = match entry {
@@ -220,13 +242,6 @@ impl DestinationRegistry {
         })
     }
 
-    /// Puts back a destination claimed by a request that wrote nothing.
-    pub fn restore(&self, token: AuthToken, destination: Arc<dyn WritableDestination>) {
-        self.destinations
-            .lock()
-            .insert(token, Entry::Open(destination, None));
-    }
-
     /// Destinations registered or partly claimed.
     pub fn len(&self) -> usize {
         self.destinations.lock().len()
@@ -253,7 +268,7 @@ mod tests {
         assert_eq!(outside.code, Code::OutOfRange);
         registry.claim_part(&token, 1, 2, 50, 50).unwrap();
         // Partly claimed: no whole claim, no second part 1, no other count.
-        assert!(registry.claim(&token).is_none());
+        assert!(registry.claim_part(&token, 0, 1, 0, 100).is_err());
         let again = registry.claim_part(&token, 1, 2, 50, 50).err().unwrap();
         assert_eq!(again.code, Code::Unauthenticated);
         assert!(registry.claim_part(&token, 0, 3, 0, 50).is_err());

@@ -114,6 +114,16 @@ enum Stage {
     },
 }
 
+impl Stage {
+    /// Before a request's first byte.
+    fn awaiting_header() -> Stage {
+        Stage::Header {
+            bytes: [0u8; REQUEST_HEADER_LEN],
+            filled: 0,
+        }
+    }
+}
+
 struct Waiting {
     stream: TcpStream,
     peer: SocketAddr,
@@ -313,10 +323,7 @@ impl Admission {
             stream,
             peer,
             deadline: Instant::now() + self.config.header_deadline,
-            stage: Stage::Header {
-                bytes: [0u8; REQUEST_HEADER_LEN],
-                filled: 0,
-            },
+            stage: Stage::awaiting_header(),
         }
     }
 
@@ -514,10 +521,7 @@ impl Admission {
                         return Verdict::Close;
                     }
                     *deadline = Instant::now() + self.config.header_deadline;
-                    *stage = Stage::Header {
-                        bytes: [0u8; REQUEST_HEADER_LEN],
-                        filled: 0,
-                    };
+                    *stage = Stage::awaiting_header();
                 }
             }
         }

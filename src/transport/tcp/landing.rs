@@ -7,7 +7,6 @@ use std::sync::Arc;
 use once_cell::sync::OnceCell;
 
 use super::wire::Response;
-use crate::sync::timeline::{self, Point};
 use crate::transport::destination::WritableDestination;
 use crate::transport::registry::{Landing, ReceiptSink};
 
@@ -28,24 +27,12 @@ pub(super) struct Claim {
 /// with one for a key held here, is set first, so the receiver's wait ends
 /// without a trip back through the sender.
 pub(super) fn landed(claim: &Claim, sink: &OnceCell<ReceiptSink>) -> Response {
-    let mut receipt_applied = false;
-    if let (Some(landing), false) = (&claim.landing, claim.receipt.is_empty()) {
-        let key = &landing.completion_key;
-        timeline::mark(Point::BytesLanded, key);
-        match sink.get() {
-            Some(sink) => match sink(key, &claim.receipt) {
-                Ok(()) => {
-                    timeline::mark(Point::ReceiptSet, key);
-                    receipt_applied = true;
-                }
-                Err(e) => log::warn!(
-                    "TCP receiver: the receipt for {key} that came with its bytes was not applied \
-                     ({e}); its sender sets it"
-                ),
-            },
-            None => log::warn!("TCP receiver: a receipt came with bytes but none is applied here"),
+    let receipt_applied = match &claim.landing {
+        Some(landing) if !claim.receipt.is_empty() => {
+            landing.apply_receipt(&claim.receipt, sink, "TCP")
         }
-    }
+        _ => false,
+    };
     Response {
         outcome: Ok(()),
         receipt_applied,

@@ -1093,23 +1093,7 @@ impl Worker {
             _ => false,
         };
         if let (true, Some((landing, value))) = (last, receipt) {
-            let key = &landing.completion_key;
-            timeline::mark(Point::BytesLanded, key);
-            match self.callbacks.sink.get() {
-                Some(sink) => match sink(key, &value) {
-                    Ok(()) => {
-                        timeline::mark(Point::ReceiptSet, key);
-                        ack.receipt_applied = true
-                    }
-                    Err(e) => log::warn!(
-                        "UCX receiver: the receipt for {key} that came with its bytes was not \
-                         applied ({e}); its sender sets it"
-                    ),
-                },
-                None => {
-                    log::warn!("UCX receiver: a receipt came with bytes but none is applied here")
-                }
-            }
+            ack.receipt_applied = landing.apply_receipt(&value, &self.callbacks.sink, "UCX");
         }
         self.send_ack(peer, ack);
     }
