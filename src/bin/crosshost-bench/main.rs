@@ -17,6 +17,7 @@ mod kv;
 mod kv_compare;
 mod staggered;
 mod stats;
+mod wake;
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
@@ -360,12 +361,14 @@ fn run_parent(lib: &str, quick: bool, chosen: Option<Vec<Case>>) -> Result<()> {
     let transfer_keys = keys.iter().filter(|k| is_transfer_key(k)).count();
     let in_process = stats::in_process_latency(&plugin, quick)?;
     let staggered = staggered::measure(if quick { 5 } else { 21 });
+    let wake = wake::measure(quick);
     stats::print_report(
         &rows,
         &unpooled,
         &memcpy,
         &in_process,
         &staggered,
+        &wake,
         &stats::KvReport {
             transfer_keys_left: transfer_keys,
             other_keys_left: keys.len() - transfer_keys,
