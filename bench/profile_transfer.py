@@ -1,6 +1,7 @@
 """Where the time of one small cross-process jax.device_put goes, inside JAX.
 
-    python bench/profile_transfer.py [--bytes 4096] [--reps 200] [--hosts] [--python PY]
+    python bench/profile_transfer.py [--bytes 4096] [--batch 1] [--reps 200] [--hosts]
+                                     [--python PY] [--save PATH]
 
 Two processes (on one host, or with --hosts on the two hosts of the
 two-host bed, python_tests/two_hosts.py) put process 0's array onto process
@@ -9,7 +10,11 @@ two-host bed, python_tests/two_hosts.py) put process 0's array onto process
 nanoseconds into a preallocated ring, no formatting) and their own
 barrier-exit and return times on the same clock. Per step of a transfer the
 table gives the median time from the receiver's barrier exit, which process
-it ran in, and the median gap to the step before it; then the receiver's
+it ran in, the median gap to the step before it, and each transfer's time
+from the later of its two entry calls (the breakdown of the plugin's own
+part, median over transfers; the difference of two medians is not the
+median of a transfer's gap, and which call comes later changes from one
+transfer to the next); then the receiver's
 whole barrier-to-block_until_ready time with marks on, and, in the same run,
 without them (a second job), to show that recording does not move it.
 """
@@ -54,7 +59,7 @@ STEPS = [
 KEYLESS = {"receive_call", "aliases_made", "receive_return", "send_call", "view_made"}
 
 
-def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str) -> None:
+def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str, batch: int = 1) -> None:
     import numpy as np
 
     import jax
@@ -68,20 +73,21 @@ def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str) -> None
     client = distributed.global_state.client
     src = [d for d in jax.devices() if d.process_index == 0][0]
     dst = [d for d in jax.devices() if d.process_index == 1][0]
-    data = np.arange(nbytes // 4, dtype=np.float32)
+    data = [np.arange(nbytes // 4, dtype=np.float32) + i for i in range(batch)]
     times = []
     for rep in range(reps + 5):
         if pid == 0:
-            x = jax.device_put(data, src)
-            x.block_until_ready()
+            x = [jax.device_put(d, src) for d in data]
+            jax.block_until_ready(x)
         else:
-            x = jax.make_array_from_single_device_arrays(
-                data.shape, SingleDeviceSharding(src), [], dtype=data.dtype)
+            x = [jax.make_array_from_single_device_arrays(
+                d.shape, SingleDeviceSharding(src), [], dtype=d.dtype) for d in data]
         client.wait_at_barrier(f"p{rep}", 60_000)
         start = time.monotonic_ns()
+        # A list is one CopyArrays: the plugin gets the batch in one call.
         y = jax.device_put(x, SingleDeviceSharding(dst))
         if pid == 1:
-            y.block_until_ready()
+            jax.block_until_ready(y)
         end = time.monotonic_ns()
         if rep >= 5:  # warm-up transfers are not counted
             times.append((start, end))
@@ -111,12 +117,14 @@ def run_job(args, env_extra: dict, bed=None) -> list:
             s.close()
             coordinator = f"127.0.0.1:{port}"
             procs = [subprocess.Popen([args.python, __file__, "--worker", str(p), coordinator,
-                                       str(args.bytes), str(args.reps), outs[p]], env=env)
+                                       str(args.bytes), str(args.reps), outs[p], str(args.batch)],
+                                      env=env)
                      for p in (0, 1)]
         else:
             coordinator = f"{bed.hostname('a')}:{bed.port()}"
             procs = [bed.popen(host, [args.python, __file__, "--worker", str(p), coordinator,
-                                      str(args.bytes), str(args.reps), outs[p]], env=env)
+                                      str(args.bytes), str(args.reps), outs[p], str(args.batch)],
+                                 env=env)
                      for p, host in enumerate(("a", "b"))]
         for proc in procs:
             if proc.wait(timeout=600) != 0:
@@ -178,20 +186,62 @@ def plugin_part(sender: dict, receiver: dict) -> list:
         i = bisect.bisect_right(receive_calls, recorded) - 1
         j = bisect.bisect_right(send_calls, recorded) - 1
         if i >= 0 and j >= 0:
-            parts.append((recorded - max(receive_calls[i], send_calls[j])) / 1e3)
+            parts.append(((i, j), (recorded - max(receive_calls[i], send_calls[j])) / 1e3))
     return parts
+
+
+def from_later_call(sender: dict, receiver: dict) -> dict:
+    """Per step, each transfer's µs from the later of its two entry calls
+    (as in plugin_part): the breakdown of the plugin's own part. A keyed
+    step belongs to the transfer its `recorded` mark closes; a keyless one
+    (the receiver's alias and return marks) to the receive call before it."""
+    import bisect
+
+    def stamps(marks, point):
+        return sorted(ns for ns, p, _key, _thread in marks if p == point)
+
+    receive_calls = stamps(receiver["marks"], "receive_call")
+    send_calls = stamps(sender["marks"], "send_call")
+    by_key: dict = {}
+    for who, marks in (("sender", sender["marks"]), ("receiver", receiver["marks"])):
+        for ns, point, key, _thread in marks:
+            if point not in KEYLESS:
+                by_key.setdefault(key, []).append((ns, point))
+    keyless = {p: stamps(receiver["marks"], p) for p in ("aliases_made", "receive_return", "view_made")}
+    rows: dict = {}
+    for stamped in by_key.values():
+        recorded = [ns for ns, point in stamped if point == "recorded"]
+        if not recorded:
+            continue
+        i = bisect.bisect_right(receive_calls, recorded[0]) - 1
+        j = bisect.bisect_right(send_calls, recorded[0]) - 1
+        if i < 0 or j < 0:
+            continue
+        later = max(receive_calls[i], send_calls[j])
+        rows.setdefault("receive_call", []).append((receive_calls[i] - later) / 1e3)
+        rows.setdefault("send_call", []).append((send_calls[j] - later) / 1e3)
+        for point, ordered in keyless.items():
+            k = bisect.bisect_right(ordered, receive_calls[i])
+            if k < len(ordered):
+                rows.setdefault(point, []).append((ordered[k] - later) / 1e3)
+        for ns, point in stamped:
+            rows.setdefault(point, []).append((ns - later) / 1e3)
+    return {point: statistics.median(values) for point, values in rows.items()}
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        pid, coordinator, nbytes, reps, out = sys.argv[2:7]
-        worker(int(pid), coordinator, int(nbytes), int(reps), out)
+        pid, coordinator, nbytes, reps, out, batch = sys.argv[2:8]
+        worker(int(pid), coordinator, int(nbytes), int(reps), out, int(batch))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="arrays per device_put (one CopyArrays); each is a transfer of its own")
     parser.add_argument("--hosts", action="store_true", help="across the two-host bed")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--save", metavar="PATH", help="write both processes' marks and times here")
     args = parser.parse_args()
     bed = None
     if args.hosts:
@@ -208,18 +258,32 @@ def main() -> None:
     finally:
         if bed is not None:
             bed.close()
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump({"sender": marked[0], "receiver": marked[1]}, f)
     table, totals = analyse(*marked)
+    later = from_later_call(*marked)
     plain_totals = [(e - s) / 1e3 for s, e in plain[1]["times"]]
     where = "two hosts (bed)" if args.hosts else "one host"
-    print(f"{args.bytes}-byte cross-process jax.device_put, {where}, {args.reps} transfers; "
-          f"µs from the receiver's barrier exit, medians")
-    print(f"{'step':<22} {'process':<9} {'µs':>8} {'gap':>8}")
+    what = f"{args.batch} x {args.bytes}-byte" if args.batch > 1 else f"{args.bytes}-byte"
+    print(f"{what} cross-process jax.device_put, {where}, {args.reps} transfers; "
+          f"µs from the receiver's barrier exit, medians; 'later call': median µs from the later "
+          f"of the transfer's two entry calls")
+    print(f"{'step':<22} {'process':<9} {'µs':>8} {'gap':>8} {'later call':>11}")
     previous = 0.0
     for name, who, median, count in table:
-        print(f"{name:<22} {who:<9} {median:8.1f} {median - previous:8.1f}")
+        since = f"{later[name]:11.1f}" if name in later else f"{'':>11}"
+        print(f"{name:<22} {who:<9} {median:8.1f} {median - previous:8.1f} {since}")
         previous = median
     print(f"{'block_until_ready':<22} {'receiver':<9} {statistics.median(totals):8.1f}")
-    parts = plugin_part(*marked)
+    calls = plugin_part(*marked)
+    parts = [part for _, part in calls]
+    if args.batch > 1 and calls:
+        last: dict = {}
+        for call, part in calls:
+            last[call] = max(part, last.get(call, part))
+        print(f"whole batch (later entry call -> its last buffer fulfilled): "
+              f"p50 {statistics.median(last.values()):.1f} µs over {len(last)} batches")
     if parts:
         ordered = sorted(parts)
         print(f"plugin's part (later entry call -> buffer fulfilled), per transfer: "
