@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use crate::ffi_client::monotonic_ns;
 
+/// "Back to back": the next wake-up this soon after the last.
+const BACK_TO_BACK_GAP: Duration = Duration::from_micros(20);
+
 pub struct Wake {
     pub wakes: usize,
     /// Median µs from `unpark` to the parked thread running, the waker
-    /// waking it again as soon as it ran.
+    /// waking it again 20 µs after it ran.
     pub back_to_back_p50_us: f64,
     /// The same after the machine was left idle for `idle` first.
     pub after_idle_p50_us: f64,
@@ -55,7 +58,14 @@ fn measure_once(wakes: usize, idle: Duration) -> Vec<f64> {
     };
     let mut delays = Vec::with_capacity(wakes);
     for n in 1..=wakes as u64 {
-        if !idle.is_zero() {
+        if idle.is_zero() {
+            // Long enough for the wakee to be parked again, too short for
+            // its core to halt; this core stays busy meanwhile.
+            let until = std::time::Instant::now() + BACK_TO_BACK_GAP;
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        } else {
             std::thread::sleep(idle);
         }
         sent_at.store(monotonic_ns(), Ordering::Release);

@@ -65,19 +65,22 @@ pub struct TransferConfig {
     pub metrics: Option<Arc<Metrics>>,
 }
 
-/// Copy threads: half the cores. A single memcpy stream already runs near
-/// memory bandwidth; more copies than that only take the CPU from the
-/// threads that observe completions and publish readiness (measured on 2
-/// cores: 4 copy threads put 64 x 1 MiB per-buffer readiness at ~1.5 ms p50).
+/// Copy threads: half the cores, and at least two. One copy stream does
+/// not reach memory bandwidth (two moved a 64 x 1 MiB batch about twice as
+/// fast on the 2-core reference machine: inside JAX 9.4-12.8 ms against
+/// 17.5-20.6 ms, three alternating runs each, per-buffer readiness p50
+/// 25 µs in crosshost-bench), while more copies than cores only take the
+/// CPU from the threads that observe completions and publish readiness (4
+/// copy threads on 2 cores put that readiness at ~1.5 ms p50).
 fn copy_threads() -> usize {
     std::thread::available_parallelism()
-        .map(|n| (n.get() / 2).max(1))
-        .unwrap_or(1)
+        .map(|n| (n.get() / 2).max(2))
+        .unwrap_or(2)
 }
 
 /// TCP sends at once. A TCP send mostly waits (for the socket, then for the
 /// receiver's answer), so sends to a receiver overlap on their own threads
-/// and connections instead of queueing behind one copy thread; the
+/// and connections instead of queueing behind the copy threads; the
 /// receiver lands small ones in one front-door round and has 4 handlers
 /// for the rest.
 const TCP_SEND_THREADS: usize = 4;
