@@ -53,17 +53,15 @@ fn cdylib_path() -> PathBuf {
     .clone()
 }
 
-/// Compiles the C program once per test process into a fresh temp dir.
+/// Compiles the C program once per test process, under cargo's scratch
+/// directory for integration tests (inside `target/`, not the system's
+/// temp dir, where every run would leave a directory behind).
 fn c_program() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         let root = manifest_dir();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir =
-            std::env::temp_dir().join(format!("pjrt-crosshost-c-{}-{}", std::process::id(), nanos));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("c-program-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let exe = dir.join("plugin_roundtrip");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());

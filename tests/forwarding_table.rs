@@ -103,7 +103,10 @@ fn mock_source() -> String {
 
 fn build_mock() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("pjrt-crosshost-mock-{}", std::process::id()));
+    // Under cargo's scratch directory (inside `target/`), not the system's
+    // temp dir, where every run would leave a directory behind.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mock-compute-plugin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = dir.join("mock_compute_plugin.c");
     std::fs::write(&source, mock_source()).unwrap();

@@ -37,7 +37,8 @@ fn our_ucp_structs_match_the_system_header_field_by_field() {
         ));
     }
     program.push_str("    return 0;\n}\n");
-    let dir = std::env::temp_dir().join(format!("crosshost-ucx-layout-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ucx-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = dir.join("layout.c");
     let binary = dir.join("layout");
