@@ -121,6 +121,24 @@ def test_v2_batch_under_one_key_uses_buffer_index(xh, auto_pair):
     check_all_arrived(bufs, evs, specs, datas)
 
 
+def test_v2_one_call_naming_both_peer_devices_pairs_each_buffer_with_its_own_device(xh, pair):
+    """One receive call and one send call whose buffers alternate between
+    the sender's two devices, all under one transfer key: each device pair
+    has its own keys (its epoch names the devices), so the buffers pair up
+    by position per device, never across devices."""
+    c0, c1 = pair
+    s_devs = c0.addressable_devices()
+    r_dev = c1.addressable_devices()[0]
+    specs = [spec(BT.S32, 10 + i) for i in range(6)]
+    datas = [th.make_data(s, 40 + i) for i, s in enumerate(specs)]
+    on = [s_devs[i % 2] for i in range(len(specs))]
+    srcs = [th.upload(c0, d, s, x) for d, s, x in zip(on, specs, datas)]
+    keys = [77] * len(specs)
+    bufs = xh.receive(c1, r_dev, specs, [d.id() for d in on], keys)
+    evs = xh.send(c0, srcs, [r_dev.id()] * len(specs), keys)
+    check_all_arrived(bufs, evs, specs, datas)
+
+
 @pytest.mark.parametrize("order", ["receiver_first", "sender_first"])
 def test_v2_either_side_may_call_first(xh, pair, order):
     c0, c1 = pair

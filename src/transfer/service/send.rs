@@ -1,6 +1,7 @@
 //! The send side: a buffer goes to the destination its descriptor names
 //! (shared memory, TCP, UCX, CUDA IPC), and only once its bytes are there
 //! does the sender set the buffer's completion key (the receipt).
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -649,18 +650,31 @@ impl TransferService {
         let me = self.session.process_index;
         // Check every buffer before starting any, so a bad argument leaves
         // nothing half-sent.
+        // A batch names few device pairs: each one's receiving process and
+        // epoch are worked out once.
         let mut plan = Vec::with_capacity(sources.len());
-        let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
+        let mut pairs: HashMap<(i32, i32), (i32, String)> = HashMap::new();
+        // Buffers under one key pair up by position per device pair, as the
+        // receiver counts them (its call names each buffer's sending device).
+        let mut occurrences: HashMap<(i32, i32, i64), u64> = HashMap::new();
         for (source, (&dst, &key)) in sources.iter().zip(destinations.iter().zip(transfer_keys)) {
-            let peer = self.remote_process(dst, F)?;
-            let epoch = pair_epoch(
-                &self.session.epoch,
-                (source.global_device_id, dst),
-                (me, peer.process_index),
-                incarnations,
-            );
-            let index = occurrences.entry((dst, key)).or_insert(0);
-            plan.push((descriptor_key(&epoch, key, *index)?, peer.process_index));
+            let (peer, epoch) = match pairs.entry((source.global_device_id, dst)) {
+                Entry::Occupied(known) => known.into_mut(),
+                Entry::Vacant(slot) => {
+                    let peer = self.remote_process(dst, F)?;
+                    let epoch = pair_epoch(
+                        &self.session.epoch,
+                        (source.global_device_id, dst),
+                        (me, peer.process_index),
+                        incarnations,
+                    );
+                    slot.insert((peer.process_index, epoch))
+                }
+            };
+            let index = occurrences
+                .entry((source.global_device_id, dst, key))
+                .or_insert(0);
+            plan.push((descriptor_key(epoch, key, *index)?, *peer));
             *index += 1;
         }
         // A receiver known to be gone gets no new sends (unless it answers
