@@ -1,5 +1,6 @@
 //! The receive side: one destination per buffer, its descriptor, its
 //! AsyncGet through the lifecycle (`recv_state`), and v1 cancellation.
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crate::sync::{kill_points, ByteRoute};
 use crate::transfer::cuda_path;
 use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::host_destination::{Destination, HostDestination, HostRoute};
-use crate::transfer::keys::{descriptor_key, pair_epoch, CompletionKey};
+use crate::transfer::keys::{pair_epoch, CompletionKey};
 use crate::transfer::memory_budget::BudgetLease;
 use crate::transfer::receipt::Receipt;
 use crate::transfer::recv_state::{PendingReceive, RecordOutcome};
@@ -61,28 +62,36 @@ impl TransferService {
         }
         let me = self.session.process_index;
         let local_host = HostIdentity::local()?;
-        // Check every peer before opening anything.
+        // Check every peer before opening anything. A batch names few peer
+        // devices: each one's process, epoch and route are worked out once.
         let mut plan = Vec::with_capacity(peers.len());
+        let mut pairs: HashMap<i32, (i32, String, Route)> = HashMap::new();
         let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
         for &(peer_device, transfer_key) in peers {
-            let peer = self.remote_process(peer_device, F)?;
-            let epoch = pair_epoch(
-                &self.session.epoch,
-                (peer_device, my_device),
-                (peer.process_index, me),
-                incarnations,
-            );
+            let (peer_process, epoch, route) = match pairs.entry(peer_device) {
+                Entry::Occupied(known) => known.into_mut(),
+                Entry::Vacant(slot) => {
+                    let peer = self.remote_process(peer_device, F)?;
+                    let epoch = pair_epoch(
+                        &self.session.epoch,
+                        (peer_device, my_device),
+                        (peer.process_index, me),
+                        incarnations,
+                    );
+                    let route = Route::to_peer(
+                        self.config.transport,
+                        peer.host == local_host,
+                        self.ucx.is_some(),
+                        self.session.ucx.contains_key(&peer.process_index),
+                    );
+                    slot.insert((peer.process_index, epoch, route))
+                }
+            };
             let index = occurrences.entry((peer_device, transfer_key)).or_insert(0);
-            let key = CompletionKey::new(&epoch, transfer_key, *index)?;
-            let desc_key = descriptor_key(&epoch, transfer_key, *index)?;
+            let key = CompletionKey::new(epoch, transfer_key, *index)?;
+            let desc_key = key.descriptor_key();
             *index += 1;
-            let route = Route::to_peer(
-                self.config.transport,
-                peer.host == local_host,
-                self.ucx.is_some(),
-                self.session.ucx.contains_key(&peer.process_index),
-            );
-            plan.push((key, desc_key, peer.process_index, route));
+            plan.push((key, desc_key, *peer_process, *route));
         }
         let desc_keys: Vec<String> = plan.iter().map(|(_, d, _, _)| d.clone()).collect();
         // A batch past max_receive_bytes is refused before any destination
