@@ -9,6 +9,7 @@
 //! processes agreed on, plus the peers' incarnation ids where the caller gave
 //! them. JAX's transfer keys restart at 0 in every job; the epoch keeps one
 //! job's keys from meeting another's.
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::status::{self, Result};
@@ -128,6 +129,23 @@ pub fn pair_epoch(
         }
     }
     epoch
+}
+
+/// The `<index>` of a call's buffers: counted per device pair (sending,
+/// receiving) and transfer key, so that the send call and the receive call
+/// of a pair number the same buffers alike whichever devices either call
+/// mixes.
+#[derive(Default)]
+pub struct BufferIndices(HashMap<((i32, i32), i64), u64>);
+
+impl BufferIndices {
+    /// The index of the next buffer under `transfer_id` between the devices
+    /// `(src, dst)`.
+    pub fn next(&mut self, devices: (i32, i32), transfer_id: i64) -> u64 {
+        let count = self.0.entry((devices, transfer_id)).or_insert(0);
+        *count += 1;
+        *count - 1
+    }
 }
 
 /// Whether `name` is a transfer key (completion or descriptor), as opposed
@@ -268,5 +286,21 @@ mod tests {
             let err = CompletionKey::parse(name).unwrap_err();
             assert_eq!(err.code, Code::InvalidArgument, "{name}");
         }
+    }
+
+    #[test]
+    fn buffer_indices_count_per_device_pair_and_transfer_key() {
+        let mut indices = BufferIndices::default();
+        let counted: Vec<u64> = [
+            ((0, 2), 7),
+            ((1, 2), 7),
+            ((0, 2), 7),
+            ((0, 2), 8),
+            ((1, 2), 7),
+        ]
+        .into_iter()
+        .map(|(devices, key)| indices.next(devices, key))
+        .collect();
+        assert_eq!(counted, vec![0, 0, 1, 0, 1]);
     }
 }

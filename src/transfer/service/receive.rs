@@ -12,7 +12,7 @@ use crate::sync::{kill_points, ByteRoute};
 use crate::transfer::cuda_path;
 use crate::transfer::descriptor::{AllocationHandle, Descriptor};
 use crate::transfer::host_destination::{Destination, HostDestination, HostRoute};
-use crate::transfer::keys::{pair_epoch, CompletionKey};
+use crate::transfer::keys::{pair_epoch, BufferIndices, CompletionKey};
 use crate::transfer::memory_budget::BudgetLease;
 use crate::transfer::receipt::Receipt;
 use crate::transfer::recv_state::{PendingReceive, RecordOutcome};
@@ -66,7 +66,7 @@ impl TransferService {
         // devices: each one's process, epoch and route are worked out once.
         let mut plan = Vec::with_capacity(peers.len());
         let mut pairs: HashMap<i32, (i32, String, Route)> = HashMap::new();
-        let mut occurrences: HashMap<(i32, i64), u64> = HashMap::new();
+        let mut indices = BufferIndices::default();
         for &(peer_device, transfer_key) in peers {
             let (peer_process, epoch, route) = match pairs.entry(peer_device) {
                 Entry::Occupied(known) => known.into_mut(),
@@ -87,10 +87,9 @@ impl TransferService {
                     slot.insert((peer.process_index, epoch, route))
                 }
             };
-            let index = occurrences.entry((peer_device, transfer_key)).or_insert(0);
-            let key = CompletionKey::new(epoch, transfer_key, *index)?;
+            let index = indices.next((peer_device, my_device), transfer_key);
+            let key = CompletionKey::new(epoch, transfer_key, index)?;
             let desc_key = key.descriptor_key();
-            *index += 1;
             plan.push((key, desc_key, *peer_process, *route));
         }
         let desc_keys: Vec<String> = plan.iter().map(|(_, d, _, _)| d.clone()).collect();

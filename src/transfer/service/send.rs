@@ -13,7 +13,7 @@ use crate::sync::{kill_points, ByteRoute, Future, PromiseOnce};
 use crate::transfer::cuda_path;
 use crate::transfer::descriptor::{AllocationHandle, Descriptor, DESCRIPTOR_MAGIC};
 use crate::transfer::host_destination::local_region;
-use crate::transfer::keys::{descriptor_key, pair_epoch};
+use crate::transfer::keys::{descriptor_key, pair_epoch, BufferIndices};
 use crate::transfer::receipt::Receipt;
 use crate::transport::claim::ClaimRange;
 use crate::transport::shm::SharedRegion;
@@ -654,9 +654,7 @@ impl TransferService {
         // epoch are worked out once.
         let mut plan = Vec::with_capacity(sources.len());
         let mut pairs: HashMap<(i32, i32), (i32, String)> = HashMap::new();
-        // Buffers under one key pair up by position per device pair, as the
-        // receiver counts them (its call names each buffer's sending device).
-        let mut occurrences: HashMap<(i32, i32, i64), u64> = HashMap::new();
+        let mut indices = BufferIndices::default();
         for (source, (&dst, &key)) in sources.iter().zip(destinations.iter().zip(transfer_keys)) {
             let (peer, epoch) = match pairs.entry((source.global_device_id, dst)) {
                 Entry::Occupied(known) => known.into_mut(),
@@ -671,11 +669,8 @@ impl TransferService {
                     slot.insert((peer.process_index, epoch))
                 }
             };
-            let index = occurrences
-                .entry((source.global_device_id, dst, key))
-                .or_insert(0);
-            plan.push((descriptor_key(epoch, key, *index)?, *peer));
-            *index += 1;
+            let index = indices.next((source.global_device_id, dst), key);
+            plan.push((descriptor_key(epoch, key, index)?, *peer));
         }
         // A receiver known to be gone gets no new sends (unless it answers
         // again): each would wait its full timeout for a descriptor. Its
