@@ -267,6 +267,11 @@ def test_without_a_secret_a_sender_refuses_a_descriptor_of_another_process(api, 
         # A genuine descriptor (of transfer 51) to forge from.
         (buf51,) = xh.receive(c1, dst, [s], [src_id], [51])
         descs = th.poll_until(lambda: etcd_values(etcd, "crosshost/desc/"), 10)
+        assert len(descs) == 1, (
+            f"descriptors in etcd: {list(descs)}; the receive "
+            + (f"failed: {th.buffer_status(buf51, 1)}" if th.is_buffer_ready(buf51) else "is pending")
+            + f"; receiver metrics {th.metrics(c1)}; all keys {list(etcd_values(etcd))}"
+        )
         (desc_key, genuine), = descs.items()
         assert genuine.startswith(b"PXHD"), genuine[:8]
         if forgery == "pid":
