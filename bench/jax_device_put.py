@@ -19,11 +19,14 @@ JAX's coordinator on host a (xh-a, 10.77.0.1), process 1 on host b (xh-b,
 10.77.0.2), joined by a veth, each host with its own network, pid, IPC, UTS
 namespace, /dev/shm and boot id, so no same-host shortcut exists. One run
 measures JAX's own CPU path (its socket transfer server, told each host's
-bed address), crosshost in each of HOST_VARIANTS (or --variant), and one raw
-TCP stream over the same veth (256 MiB, sendall/recv_into), and prints the
-ratios and crosshost's large-transfer rate as a fraction of the raw
-stream's. Options in --per-host-options (default PER_HOST_OPTIONS) are added
-to every crosshost variant, with {addr} replaced by each host's own bed
+bed address), crosshost in each of HOST_VARIANTS (or --variant), one raw
+TCP stream over the same veth (256 MiB, sendall/recv_into), and the bytes
+of the 1 MiB case raw on one stream and of the 64 x 1 MiB case over 1, 2
+and 4 parallel streams (RAW_CEILINGS: what the veth moves at all with
+plain sockets, beside JAX's path and ours). It prints the ratios and
+crosshost's large-transfer rate as a fraction of the raw stream's.
+Options in --per-host-options (default PER_HOST_OPTIONS) are added to
+every crosshost variant, with {addr} replaced by each host's own bed
 address and {host} by its name.
 
 Environment: the library under test is PJRT_CROSSHOST_LIB (default
@@ -40,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -80,6 +84,11 @@ PER_HOST_OPTIONS = ""
 # 4 x 0.0.0.0:0 -- an address the other host cannot connect to.
 JAX_TRANSPORTS = 4
 RAW_TCP_BYTES = 256 * MIB
+# --hosts: the bytes of these cases, raw, over each number of parallel
+# streams: what the veth moves with plain sockets, beside JAX and us.
+# (1 MiB on one stream only: starting a thread per stream per repetition
+# costs more than such a buffer's time on the wire.)
+RAW_CEILINGS = (("1 MiB", MIB, (1,)), ("64 x 1 MiB", 64 * MIB, (1, 2, 4)))
 # Cases of at most SMALL_BYTES in all run SMALL_REPS_FACTOR times --reps.
 SMALL_BYTES = 4 * MIB
 SMALL_REPS_FACTOR = 5
@@ -198,48 +207,95 @@ def worker(process_id: int, port: int, out: str, backend: str, reps: int, cases:
 # ---------------------------------------------------------- raw TCP stream --
 
 
-def raw_receive(out: str, reps: int, nbytes: int, address: str) -> None:
-    """Receiver of the raw TCP stream: listens on ``address``, prints its
-    port, then per repetition asks for ``nbytes`` (one byte "go") and times
-    until all of them are in (recv_into one buffer)."""
+def _split(nbytes: int, streams: int) -> list[tuple[int, int]]:
+    """``nbytes`` as ``streams`` contiguous (start, end) slices."""
+    step = -(-nbytes // streams)
+    return [(i, min(i + step, nbytes)) for i in range(0, nbytes, step)]
+
+
+def _in_parallel(jobs) -> None:
+    """Runs each callable on its own thread (sendall and recv_into release
+    the GIL); re-raises the first failure."""
+    if len(jobs) == 1:  # one stream: no thread to start on the timed path
+        return jobs[0]()
+    failures = []
+
+    def run(job):
+        try:
+            job()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+
+
+def raw_receive(out: str, reps: int, nbytes: int, address: str, streams: int = 1) -> None:
+    """Receiver of the raw TCP streams: listens on ``address``, prints its
+    port, takes ``streams`` connections, then per repetition asks each for
+    its slice of ``nbytes`` (one byte "go") and times until all of them are
+    in (recv_into one buffer, one thread per stream)."""
     srv = socket.create_server((address, 0))
     print(srv.getsockname()[1], flush=True)
     srv.settimeout(120)
-    conn, _ = srv.accept()
-    conn.settimeout(300)
+    conns = []
+    for _ in range(streams):
+        conn, _ = srv.accept()
+        conn.settimeout(300)
+        conns.append(conn)
     buf = bytearray(nbytes)
     view = memoryview(buf)
+    slices = _split(nbytes, streams)
+
+    def receive(conn, start, end):
+        got = start
+        while got < end:
+            k = conn.recv_into(view[got:end])
+            if not k:
+                raise SystemExit(f"raw TCP: a sender closed after {got - start} of {end - start} bytes")
+            got += k
+
     times = []
     for rep in range(reps + 1):
         t0 = time.perf_counter()
-        conn.sendall(b"g")
-        got = 0
-        while got < nbytes:
-            k = conn.recv_into(view[got:])
-            if not k:
-                raise SystemExit(f"raw TCP: the sender closed after {got} of {nbytes} bytes")
-            got += k
+        for conn in conns:
+            conn.sendall(b"g")
+        _in_parallel([lambda c=c, a=a, b=b: receive(c, a, b) for c, (a, b) in zip(conns, slices)])
         elapsed = time.perf_counter() - t0
-        assert buf[0] == rep % 256 and buf[-1] == rep % 256, "raw TCP: wrong data"
+        assert all(buf[a] == rep % 256 and buf[b - 1] == rep % 256 for a, b in slices), \
+            "raw TCP: wrong data"
         if rep > 0:  # the first is the warm-up
             times.append(elapsed)
-    conn.close()
+    for conn in conns:
+        conn.close()
     with open(out, "w") as f:
-        json.dump({"times": times, "bytes": nbytes}, f)
+        json.dump({"times": times, "bytes": nbytes, "streams": streams}, f)
 
 
-def raw_send(host: str, port: int, reps: int, nbytes: int) -> None:
-    """Sender of the raw TCP stream: one sendall of a memoryview per "go"."""
-    conn = socket.create_connection((host, port), timeout=120)
-    conn.settimeout(300)
+def raw_send(host: str, port: int, reps: int, nbytes: int, streams: int = 1) -> None:
+    """Sender of the raw TCP streams: per "go", one sendall of its slice."""
+    conns = [socket.create_connection((host, port), timeout=120) for _ in range(streams)]
+    for conn in conns:
+        conn.settimeout(300)
     buf = bytearray(nbytes)
     view = memoryview(buf)
-    for rep in range(reps + 1):
-        buf[0] = buf[-1] = rep % 256
+    slices = _split(nbytes, streams)
+
+    def send(conn, start, end, rep):
+        buf[start] = buf[end - 1] = rep % 256
         if conn.recv(1) != b"g":
             raise SystemExit("raw TCP: the receiver went away")
-        conn.sendall(view)
-    conn.close()
+        conn.sendall(view[start:end])
+
+    for rep in range(reps + 1):
+        _in_parallel([lambda c=c, a=a, b=b: send(c, a, b, rep) for c, (a, b) in zip(conns, slices)])
+    for conn in conns:
+        conn.close()
 
 
 # ------------------------------------------------------------- orchestrator --
@@ -318,22 +374,24 @@ def run_backend(backend: str, reps: int, cases: list, python: str, options: str 
         return json.load(open(outs[1]))
 
 
-def run_raw_tcp(bed, reps: int, python: str, nbytes: int = RAW_TCP_BYTES, timeout: float = 600) -> dict:
-    """One raw TCP stream over the bed's veth, the way the arrays go: the
-    sender on a, the receiver on b (xh-b); the receiver's times."""
+def run_raw_tcp(bed, reps: int, python: str, nbytes: int = RAW_TCP_BYTES, streams: int = 1,
+                timeout: float = 600) -> dict:
+    """Raw TCP over the bed's veth, the way the arrays go: ``nbytes`` split
+    over ``streams`` connections, the senders on a, the receivers on b
+    (xh-b); the receiver's times."""
     from two_hosts import kill_group, read_line
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "raw.json")
         receiver = bed.popen("b", [python, __file__, "--raw-receive", out, str(reps), str(nbytes),
-                                   bed.address("b")], stdout=subprocess.PIPE)
+                                   bed.address("b"), str(streams)], stdout=subprocess.PIPE)
         try:
             port = int(read_line(receiver, 60))
         except (TimeoutError, ValueError):
             kill_group(receiver)
             raise SystemExit("raw TCP receiver did not start") from None
         sender = bed.popen("a", [python, __file__, "--raw-send", bed.hostname("b"), str(port),
-                                 str(reps), str(nbytes)])
+                                 str(reps), str(nbytes), str(streams)])
         wait_workers([receiver, sender], "raw TCP", timeout, kill_group)
         return json.load(open(out))
 
@@ -375,6 +433,13 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
                 "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
                 host_options=opts, timeout=args.timeout, hide_ucx=label.endswith("-noucx")))
         results["raw_tcp"] = attempt("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python))
+        results["raw_ceilings"] = {
+            case: {n: attempt(f"raw TCP, {case}, {n} streams", lambda nbytes=nbytes, n=n: run_raw_tcp(
+                bed, args.reps * (SMALL_REPS_FACTOR if nbytes <= SMALL_BYTES else 1), args.python,
+                nbytes=nbytes, streams=n)) for n in streams}
+            for case, nbytes, streams in RAW_CEILINGS
+            if any(c[0] == case for c in cases)
+        }
 
     cpu, raw = results["cpu"], results["raw_tcp"]
     labels = [label for label, _ in variants]
@@ -424,6 +489,17 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         print(line)
         for f in fractions:
             print("  " + f)
+    for case, by_streams in results["raw_ceilings"].items():
+        theirs = med(cpu, case)
+        for n, report in by_streams.items():
+            if not report.get("times"):
+                continue
+            t = statistics.median(report["times"])
+            line = (f"raw TCP for {case}: {report['bytes'] >> 20} MiB over {n} stream(s) "
+                    f"a -> b in {t * 1e3:.2f} ms ({report['bytes'] / t / 1e9:.2f} GB/s)")
+            if theirs:
+                line += f"; JAX's path takes {theirs / t:.2f}x as long"
+            print(line)
     for label in labels:
         report = results["variants"][label]
         if "error" in report:
@@ -443,12 +519,12 @@ def main() -> None:
         worker(int(pid), int(port), out, backend, int(reps), json.loads(cases), where)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--raw-receive":
-        out, reps, nbytes, address = sys.argv[2:6]
-        raw_receive(out, int(reps), int(nbytes), address)
+        out, reps, nbytes, address, streams = sys.argv[2:7]
+        raw_receive(out, int(reps), int(nbytes), address, int(streams))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--raw-send":
-        host, port, reps, nbytes = sys.argv[2:6]
-        raw_send(host, int(port), int(reps), int(nbytes))
+        host, port, reps, nbytes, streams = sys.argv[2:7]
+        raw_send(host, int(port), int(reps), int(nbytes), int(streams))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
