@@ -217,7 +217,8 @@ def _in_parallel(jobs) -> None:
     """Runs each callable on its own thread (sendall and recv_into release
     the GIL); re-raises the first failure."""
     if len(jobs) == 1:  # one stream: no thread to start on the timed path
-        return jobs[0]()
+        jobs[0]()
+        return
     failures = []
 
     def run(job):
