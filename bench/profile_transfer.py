@@ -57,6 +57,9 @@ STEPS = [
     ("keys_retired", "receiver"),
 ]
 KEYLESS = {"receive_call", "aliases_made", "receive_return", "send_call", "view_made"}
+# Marks of every PJRT call into the plugin (key: the function's name), not
+# steps of a transfer.
+API_POINTS = {"api_enter", "api_exit"}
 
 
 def worker(pid: int, coordinator: str, nbytes: int, reps: int, out: str, batch: int = 1) -> None:
@@ -139,6 +142,8 @@ def analyse(sender: dict, receiver: dict) -> tuple[list, list]:
     by_key: dict[str, list] = {}
     keyless: dict[tuple, list] = {}
     for who, (ns, point, key, _thread) in marks:
+        if point in API_POINTS:
+            continue
         if point in KEYLESS:
             keyless.setdefault((who, point), []).append(ns)
         else:
@@ -205,7 +210,7 @@ def from_later_call(sender: dict, receiver: dict) -> dict:
     by_key: dict = {}
     for who, marks in (("sender", sender["marks"]), ("receiver", receiver["marks"])):
         for ns, point, key, _thread in marks:
-            if point not in KEYLESS:
+            if point not in KEYLESS and point not in API_POINTS:
                 by_key.setdefault(key, []).append((ns, point))
     keyless = {p: stamps(receiver["marks"], p) for p in ("aliases_made", "receive_return", "view_made")}
     rows: dict = {}
@@ -227,6 +232,81 @@ def from_later_call(sender: dict, receiver: dict) -> dict:
         for ns, point in stamped:
             rows.setdefault(point, []).append((ns - later) / 1e3)
     return {point: statistics.median(values) for point, values in rows.items()}
+
+
+def api_spans(marks) -> list:
+    """(entry ns, return ns, function) of each outermost PJRT call into the
+    plugin, paired per thread (a call made from inside another is part of
+    it)."""
+    stacks: dict = {}
+    spans = []
+    for ns, point, name, thread in marks:
+        if point == "api_enter":
+            stacks.setdefault(thread, []).append((ns, name))
+        elif point == "api_exit":
+            stack = stacks.get(thread)
+            if stack and stack[-1][1] == name:
+                start, _ = stack.pop()
+                if not stack:
+                    spans.append((start, ns, name))
+    return spans
+
+
+def api_windows(sender: dict, receiver: dict) -> list:
+    """The PJRT calls the framework makes into the plugin around each
+    transfer's entry calls, per window: (window, median µs of the window,
+    median calls in it, median µs inside the plugin, {function: (calls,
+    µs) per transfer}). A call counts in a window when it both starts and
+    returns inside it. Windows: the receiver's barrier exit to its receive
+    call and its buffer fulfilled (the last `recorded`) to
+    block_until_ready's return; the sender's barrier exit to its send call;
+    the receiver's whole barrier-to-block_until_ready time."""
+    def stamps(marks, point):
+        return sorted(ns for ns, p, _key, _thread in marks if p == point)
+
+    def windows(proc, opening, closing):
+        out = []
+        for start, end in proc["times"]:
+            if opening is None:
+                inside = [ns for ns in closing if start <= ns <= end]
+                if inside:
+                    out.append((start, inside[0]))
+            else:
+                inside = [ns for ns in opening if start <= ns <= end]
+                if inside:
+                    out.append((inside[-1], end))
+        return out
+
+    receiver_spans = api_spans(receiver["marks"])
+    sender_spans = api_spans(sender["marks"])
+    plan = [
+        ("receiver: barrier exit -> receive call", receiver_spans,
+         windows(receiver, None, stamps(receiver["marks"], "receive_call"))),
+        ("receiver: buffer fulfilled -> block_until_ready returns", receiver_spans,
+         windows(receiver, stamps(receiver["marks"], "recorded"), None)),
+        ("sender: barrier exit -> send call", sender_spans,
+         windows(sender, None, stamps(sender["marks"], "send_call"))),
+        ("receiver: the whole receive (entry calls included)", receiver_spans,
+         [tuple(t) for t in receiver["times"]]),
+    ]
+    rows = []
+    for label, spans, spans_windows in plan:
+        if not spans_windows:
+            continue
+        lengths, counts, inside, per_name = [], [], [], {}
+        for start, end in spans_windows:
+            calls = [(a, b, name) for a, b, name in spans if start <= a and b <= end]
+            lengths.append((end - start) / 1e3)
+            counts.append(len(calls))
+            inside.append(sum(b - a for a, b, _ in calls) / 1e3)
+            for a, b, name in calls:
+                n, us = per_name.get(name, (0, 0.0))
+                per_name[name] = (n + 1, us + (b - a) / 1e3)
+        transfers = len(spans_windows)
+        names = {name: (n / transfers, us / transfers) for name, (n, us) in per_name.items()}
+        rows.append((label, statistics.median(lengths), statistics.median(counts),
+                     statistics.median(inside), names))
+    return rows
 
 
 def main() -> None:
@@ -291,6 +371,15 @@ def main() -> None:
               f"p75 {ordered[3 * len(ordered) // 4]:.1f}")
     print(f"whole receive with marks: {statistics.median(totals):.1f} µs; "
           f"without (same run, another job): {statistics.median(plain_totals):.1f} µs")
+    windows = api_windows(*marked)
+    if windows:
+        print("\nPJRT calls into the plugin outside its entry calls (per transfer, medians; "
+              "'inside': µs spent in those calls)")
+        print(f"{'window':<56} {'µs':>8} {'calls':>6} {'inside':>8}  most time (calls, µs per transfer)")
+        for label, length, count, inside, names in windows:
+            top = sorted(names.items(), key=lambda item: -item[1][1])[:4]
+            most = ", ".join(f"{name.removeprefix('PJRT_')} {n:.1f}/{us:.1f}" for name, (n, us) in top)
+            print(f"{label:<56} {length:8.1f} {count:6.0f} {inside:8.1f}  {most}")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,45 @@ def test_a_batchs_buffers_belong_to_one_call():
     parts = profile_transfer.plugin_part(sender, receiver)
     assert [part for _, part in parts] == [80, 90, 100, 110]
     assert len({call for call, _ in parts}) == 1
+
+
+def call(us_in, us_out, name, thread=1):
+    return [[us_in * US, "api_enter", name, thread], [us_out * US, "api_exit", name, thread]]
+
+
+def test_the_calls_around_the_entry_calls_are_counted_per_window_outermost_only():
+    """Receiver: barrier exit at 0, receive call at 100, fulfilled at 300,
+    block_until_ready back at 350. Two calls before the receive call (one
+    with a call made inside it, which is part of it), one that straddles
+    the receive call (in no window before it), one after fulfilment, on
+    another thread."""
+    marks = (call(10, 30, "PJRT_Client_LookupDevice")
+             + [[40 * US, "api_enter", "PJRT_Buffer_ReadyEvent", 1],
+                *call(42, 45, "PJRT_Event_Destroy"),
+                [50 * US, "api_exit", "PJRT_Buffer_ReadyEvent", 1]]
+             + [[95 * US, "api_enter", "PJRT_Transfers_CrossHostReceiveBuffers", 1],
+                mark(100, "receive_call"),
+                [110 * US, "api_exit", "PJRT_Transfers_CrossHostReceiveBuffers", 1]]
+             + [mark(300, "recorded", "k")]
+             + call(310, 314, "PJRT_Buffer_Destroy", thread=2))
+    marks.sort(key=lambda m: m[0])
+    receiver = {"marks": marks, "times": [[0, 350 * US]]}
+    sender = {"marks": [mark(5, "send_call")], "times": [[0, 400 * US]]}
+    rows = {label: rest for label, *rest in profile_transfer.api_windows(sender, receiver)}
+    length, count, inside, names = rows["receiver: barrier exit -> receive call"]
+    assert (length, count, inside) == (100, 2, 30)
+    assert names == {"PJRT_Client_LookupDevice": (1, 20), "PJRT_Buffer_ReadyEvent": (1, 10)}
+    length, count, inside, names = rows["receiver: buffer fulfilled -> block_until_ready returns"]
+    assert (length, count, inside) == (50, 1, 4)
+    assert names == {"PJRT_Buffer_Destroy": (1, 4)}
+    length, count, inside, _ = rows["receiver: the whole receive (entry calls included)"]
+    assert (length, count, inside) == (350, 4, 49)
+    assert rows["sender: barrier exit -> send call"][:3] == [5, 0, 0]
+
+
+def test_api_marks_are_not_steps_of_a_transfer():
+    sender, receiver = two_transfers()
+    receiver["marks"] += call(170, 171, "PJRT_Buffer_Destroy")
+    receiver["times"] = [[90 * US, 200 * US]]
+    table, _ = profile_transfer.analyse(sender, receiver)
+    assert "api_enter" not in {name for name, *_ in table}

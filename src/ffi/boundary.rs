@@ -31,6 +31,7 @@ use std::ptr;
 use super::errors::error_into_raw;
 use crate::pjrt::bindings::PJRT_Error;
 use crate::status::{internal, invalid_argument, panic_message, Result, Status};
+use crate::sync::timeline;
 
 /// The `PJRT_Error*` boundary: `Ok(error)` is returned as it is (null for
 /// success), `Err` becomes a `PJRT_Error`, a panic INTERNAL naming the
@@ -41,6 +42,7 @@ pub(crate) fn catch_entry(
     log_target: &'static str,
     body: impl FnOnce() -> Result<*mut PJRT_Error>,
 ) -> *mut PJRT_Error {
+    let _call = timeline::api_call(name);
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(error)) => error,
         Ok(Err(status)) => {
@@ -94,6 +96,7 @@ pub(crate) unsafe fn run_callback_entry<T, C: Callback<T>>(
     holder: &str,
     body: impl FnOnce(&mut T, C) -> Result<()>,
 ) {
+    let _call = timeline::api_call(name);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         if raw.is_null() {
             log::error!(target: log_target, "{name}: args is null; no {holder} to report to");

@@ -8,11 +8,13 @@ use super::boundary::or_on_panic;
 use super::errors::take_error;
 use crate::pjrt::bindings::*;
 use crate::status::Code;
+use crate::sync::timeline;
 
 /// Frees `error`, ours or another implementation's (through its vtable), which
 /// the caller gives up. Null args or a null error do nothing: this function
 /// has no way to report.
 pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args) {
+    let _call = timeline::api_call("PJRT_Error_Destroy");
     or_on_panic((), || {
         if args.is_null() {
             return;
@@ -27,6 +29,7 @@ pub(crate) unsafe extern "C" fn error_destroy(args: *mut PJRT_Error_Destroy_Args
 /// Borrows the error's message (alive until the error is destroyed), through
 /// its vtable. A null error gives an empty message; null args do nothing.
 pub(crate) unsafe extern "C" fn error_message(args: *mut PJRT_Error_Message_Args) {
+    let _call = timeline::api_call("PJRT_Error_Message");
     or_on_panic((), || {
         if args.is_null() {
             return;

@@ -9,13 +9,23 @@
 //! also empties the ring. This is how a transfer is profiled without
 //! disturbing it (README, "Profiling a transfer").
 //!
+//! API calls: `ApiCall` marks the entry and the return of every PJRT call
+//! into the plugin (the boundary's `catch_entry` and callback entries:
+//! ours, routed and delegated alike; the two `PJRT_Error_*` entries without
+//! an error channel mark themselves), keyed by the function's name instead
+//! of a transfer, so a profile can count and time what the framework calls
+//! around a transfer's entry calls.
+//!
 //! Trace lines: `timeline!` writes one log line per step, with the thread
 //! it ran on, when `PJRT_CROSSHOST_LOG` enables the `crosshost::timeline`
 //! target; each line costs microseconds, so use it to read what happens,
 //! not to time it.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use std::collections::HashMap;
+
 use once_cell::sync::Lazy;
+use parking_lot::Mutex;
 
 #[macro_export]
 #[doc(hidden)]
@@ -74,10 +84,14 @@ pub enum Point {
     Recorded,
     /// The keys are deleted.
     KeysRetired,
+    /// A PJRT call into the plugin began (key: the function's name).
+    ApiEnter,
+    /// That call returned.
+    ApiExit,
 }
 
 impl Point {
-    pub const ALL: [Point; 19] = [
+    pub const ALL: [Point; 21] = [
         Point::ReceiveCall,
         Point::AliasesMade,
         Point::DestinationReady,
@@ -97,6 +111,8 @@ impl Point {
         Point::ViewMade,
         Point::Recorded,
         Point::KeysRetired,
+        Point::ApiEnter,
+        Point::ApiExit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -120,6 +136,8 @@ impl Point {
             Point::ViewMade => "view_made",
             Point::Recorded => "recorded",
             Point::KeysRetired => "keys_retired",
+            Point::ApiEnter => "api_enter",
+            Point::ApiExit => "api_exit",
         }
     }
 
@@ -137,6 +155,10 @@ struct Ring {
     /// the key's hash.
     slots: Box<[[AtomicU64; 3]]>,
 }
+
+/// The names of the functions `ApiCall` marks saw, by their key hash
+/// (filled only while marks are recorded).
+static API_NAMES: Lazy<Mutex<HashMap<u64, &'static str>>> = Lazy::new(Mutex::default);
 
 static ENABLED: Lazy<bool> =
     Lazy::new(|| std::env::var("PJRT_CROSSHOST_TIMELINE").is_ok_and(|v| v == "1"));
@@ -208,6 +230,31 @@ pub fn mark_call(point: Point) {
     }
 }
 
+/// Marks a PJRT call into the plugin, named `function`, from its entry to
+/// its return (the guard's drop, also when the call unwinds).
+#[inline]
+pub fn api_call(function: &'static str) -> ApiCall {
+    if !*ENABLED {
+        return ApiCall(0);
+    }
+    let hash = key_hash(function);
+    API_NAMES.lock().entry(hash).or_insert(function);
+    record(Point::ApiEnter, hash);
+    ApiCall(hash)
+}
+
+/// The open span of `api_call`; 0 when marks are off.
+#[must_use]
+pub struct ApiCall(u64);
+
+impl Drop for ApiCall {
+    fn drop(&mut self) {
+        if self.0 != 0 {
+            record(Point::ApiExit, self.0);
+        }
+    }
+}
+
 #[cold]
 fn record(point: Point, key: u64) {
     let ring = &*RING;
@@ -219,7 +266,9 @@ fn record(point: Point, key: u64) {
 }
 
 /// The marks recorded so far, oldest first, as a JSON array of
-/// `[nanoseconds, "point", "key hash", thread]`; the ring is emptied.
+/// `[nanoseconds, "point", "key hash", thread]` (for `api_enter` and
+/// `api_exit` the function's name instead of the hash); the ring is
+/// emptied.
 pub fn take_json() -> String {
     let ring = &*RING;
     let end = ring.next.swap(0, Ordering::AcqRel);
@@ -243,10 +292,16 @@ pub fn take_json() -> String {
         ));
     }
     marks.sort_by_key(|m| m.0);
+    let names = API_NAMES.lock();
     let items: Vec<String> = marks
         .iter()
         .map(|(ns, point, key, thread)| {
-            format!("[{ns},\"{}\",\"{key:016x}\",{thread}]", point.name())
+            let key = match (point, names.get(key)) {
+                // PJRT function names are C identifiers: nothing to escape.
+                (Point::ApiEnter | Point::ApiExit, Some(name)) => name.to_string(),
+                _ => format!("{key:016x}"),
+            };
+            format!("[{ns},\"{}\",\"{key}\",{thread}]", point.name())
         })
         .collect();
     format!("[{}]", items.join(","))
@@ -266,8 +321,12 @@ mod tests {
         assert_eq!(Point::from_raw(0), None);
     }
 
+    /// The ring is global: tests that take it run one at a time.
+    static RING_TESTS: Mutex<()> = Mutex::new(());
+
     #[test]
     fn recorded_marks_come_back_in_time_order_once() {
+        let _serial = RING_TESTS.lock();
         record(Point::Published, 7);
         record(Point::Recorded, 7);
         let json = take_json();
@@ -275,5 +334,28 @@ mod tests {
         let recorded = json.find("\"recorded\"").expect(&json);
         assert!(published < recorded, "{json}");
         assert!(!take_json().contains("\"recorded\""));
+    }
+
+    #[test]
+    fn an_api_mark_is_named_by_its_function() {
+        let _serial = RING_TESTS.lock();
+        let hash = key_hash("PJRT_Buffer_Destroy");
+        API_NAMES.lock().insert(hash, "PJRT_Buffer_Destroy");
+        record(Point::ApiEnter, hash);
+        record(Point::ApiExit, hash);
+        record(Point::Published, hash);
+        let json = take_json();
+        assert!(
+            json.contains("\"api_enter\",\"PJRT_Buffer_Destroy\""),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"api_exit\",\"PJRT_Buffer_Destroy\""),
+            "{json}"
+        );
+        assert!(
+            json.contains(&format!("\"published\",\"{hash:016x}\"")),
+            "{json}"
+        );
     }
 }

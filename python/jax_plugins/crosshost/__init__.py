@@ -395,7 +395,9 @@ def registered_library() -> str | None:
 def timeline() -> list[list]:
     """The plugin's transfer timeline marks recorded so far in this process,
     ``[[nanoseconds, point, key hash, thread], ...]`` (CLOCK_MONOTONIC, the
-    clock of ``time.monotonic_ns()``), emptying the record: empty unless the
+    clock of ``time.monotonic_ns()``; for ``api_enter`` and ``api_exit``,
+    each PJRT call into the plugin, the function's name in place of the key
+    hash), emptying the record: empty unless the
     process runs with ``PJRT_CROSSHOST_TIMELINE=1``
     (bench/profile_transfer.py)."""
     library = registered_library()
