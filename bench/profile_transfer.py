@@ -175,19 +175,21 @@ def analyse(sender: dict, receiver: dict) -> tuple[list, list]:
     return table, totals
 
 
+def mark_times(marks, point) -> list:
+    """The sorted times of every `point` mark."""
+    return sorted(ns for ns, p, _key, _thread in marks if p == point)
+
+
 def plugin_part(sender: dict, receiver: dict) -> list:
     """Per transfer, µs from the later of the two entry calls (the
     receiver's receive call, the sender's send call) to the caller's buffer
     fulfilled (`recorded`): the plugin's own part of a transfer."""
     import bisect
 
-    def stamps(marks, point):
-        return sorted(ns for ns, p, _key, _thread in marks if p == point)
-
-    receive_calls = stamps(receiver["marks"], "receive_call")
-    send_calls = stamps(sender["marks"], "send_call")
+    receive_calls = mark_times(receiver["marks"], "receive_call")
+    send_calls = mark_times(sender["marks"], "send_call")
     parts = []
-    for recorded in stamps(receiver["marks"], "recorded"):
+    for recorded in mark_times(receiver["marks"], "recorded"):
         i = bisect.bisect_right(receive_calls, recorded) - 1
         j = bisect.bisect_right(send_calls, recorded) - 1
         if i >= 0 and j >= 0:
@@ -202,17 +204,14 @@ def from_later_call(sender: dict, receiver: dict) -> dict:
     (the receiver's alias and return marks) to the receive call before it."""
     import bisect
 
-    def stamps(marks, point):
-        return sorted(ns for ns, p, _key, _thread in marks if p == point)
-
-    receive_calls = stamps(receiver["marks"], "receive_call")
-    send_calls = stamps(sender["marks"], "send_call")
+    receive_calls = mark_times(receiver["marks"], "receive_call")
+    send_calls = mark_times(sender["marks"], "send_call")
     by_key: dict = {}
     for who, marks in (("sender", sender["marks"]), ("receiver", receiver["marks"])):
         for ns, point, key, _thread in marks:
             if point not in KEYLESS and point not in API_POINTS:
                 by_key.setdefault(key, []).append((ns, point))
-    keyless = {p: stamps(receiver["marks"], p) for p in ("aliases_made", "receive_return", "view_made")}
+    keyless = {p: mark_times(receiver["marks"], p) for p in ("aliases_made", "receive_return", "view_made")}
     rows: dict = {}
     for stamped in by_key.values():
         recorded = [ns for ns, point in stamped if point == "recorded"]
@@ -261,40 +260,34 @@ def api_windows(sender: dict, receiver: dict) -> list:
     call and its buffer fulfilled (the last `recorded`) to
     block_until_ready's return; the sender's barrier exit to its send call;
     the receiver's whole barrier-to-block_until_ready time."""
-    def stamps(marks, point):
-        return sorted(ns for ns, p, _key, _thread in marks if p == point)
+    def until_first(proc, times):
+        """Per transfer: its start to the first of `times` inside it."""
+        return [(start, inside[0]) for start, end in proc["times"]
+                if (inside := [ns for ns in times if start <= ns <= end])]
 
-    def windows(proc, opening, closing):
-        out = []
-        for start, end in proc["times"]:
-            if opening is None:
-                inside = [ns for ns in closing if start <= ns <= end]
-                if inside:
-                    out.append((start, inside[0]))
-            else:
-                inside = [ns for ns in opening if start <= ns <= end]
-                if inside:
-                    out.append((inside[-1], end))
-        return out
+    def from_last(proc, times):
+        """Per transfer: the last of `times` inside it to its end."""
+        return [(inside[-1], end) for start, end in proc["times"]
+                if (inside := [ns for ns in times if start <= ns <= end])]
 
     receiver_spans = api_spans(receiver["marks"])
     sender_spans = api_spans(sender["marks"])
     plan = [
         ("receiver: barrier exit -> receive call", receiver_spans,
-         windows(receiver, None, stamps(receiver["marks"], "receive_call"))),
+         until_first(receiver, mark_times(receiver["marks"], "receive_call"))),
         ("receiver: buffer fulfilled -> block_until_ready returns", receiver_spans,
-         windows(receiver, stamps(receiver["marks"], "recorded"), None)),
+         from_last(receiver, mark_times(receiver["marks"], "recorded"))),
         ("sender: barrier exit -> send call", sender_spans,
-         windows(sender, None, stamps(sender["marks"], "send_call"))),
+         until_first(sender, mark_times(sender["marks"], "send_call"))),
         ("receiver: the whole receive (entry calls included)", receiver_spans,
          [tuple(t) for t in receiver["times"]]),
     ]
     rows = []
-    for label, spans, spans_windows in plan:
-        if not spans_windows:
+    for label, spans, windows in plan:
+        if not windows:
             continue
         lengths, counts, inside, per_name = [], [], [], {}
-        for start, end in spans_windows:
+        for start, end in windows:
             calls = [(a, b, name) for a, b, name in spans if start <= a and b <= end]
             lengths.append((end - start) / 1e3)
             counts.append(len(calls))
@@ -302,7 +295,7 @@ def api_windows(sender: dict, receiver: dict) -> list:
             for a, b, name in calls:
                 n, us = per_name.get(name, (0, 0.0))
                 per_name[name] = (n + 1, us + (b - a) / 1e3)
-        transfers = len(spans_windows)
+        transfers = len(windows)
         names = {name: (n / transfers, us / transfers) for name, (n, us) in per_name.items()}
         rows.append((label, statistics.median(lengths), statistics.median(counts),
                      statistics.median(inside), names))

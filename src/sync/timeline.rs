@@ -20,9 +20,8 @@
 //! it ran on, when `PJRT_CROSSHOST_LOG` enables the `crosshost::timeline`
 //! target; each line costs microseconds, so use it to read what happens,
 //! not to time it.
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
@@ -237,10 +236,16 @@ pub fn api_call(function: &'static str) -> ApiCall {
     if !*ENABLED {
         return ApiCall(0);
     }
-    let hash = key_hash(function);
-    API_NAMES.lock().entry(hash).or_insert(function);
+    let hash = api_hash(function);
     record(Point::ApiEnter, hash);
     ApiCall(hash)
+}
+
+/// `function`'s key hash, its name kept for `take_json`.
+fn api_hash(function: &'static str) -> u64 {
+    let hash = key_hash(function);
+    API_NAMES.lock().entry(hash).or_insert(function);
+    hash
 }
 
 /// The open span of `api_call`; 0 when marks are off.
@@ -296,11 +301,12 @@ pub fn take_json() -> String {
     let items: Vec<String> = marks
         .iter()
         .map(|(ns, point, key, thread)| {
-            let key = match (point, names.get(key)) {
-                // PJRT function names are C identifiers: nothing to escape.
-                (Point::ApiEnter | Point::ApiExit, Some(name)) => name.to_string(),
-                _ => format!("{key:016x}"),
+            let name = match point {
+                Point::ApiEnter | Point::ApiExit => names.get(key),
+                _ => None,
             };
+            // PJRT function names are C identifiers: nothing to escape.
+            let key = name.map_or_else(|| format!("{key:016x}"), |name| name.to_string());
             format!("[{ns},\"{}\",\"{key}\",{thread}]", point.name())
         })
         .collect();
@@ -339,8 +345,7 @@ mod tests {
     #[test]
     fn an_api_mark_is_named_by_its_function() {
         let _serial = RING_TESTS.lock();
-        let hash = key_hash("PJRT_Buffer_Destroy");
-        API_NAMES.lock().insert(hash, "PJRT_Buffer_Destroy");
+        let hash = api_hash("PJRT_Buffer_Destroy");
         record(Point::ApiEnter, hash);
         record(Point::ApiExit, hash);
         record(Point::Published, hash);
