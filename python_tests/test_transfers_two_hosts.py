@@ -44,8 +44,10 @@ class BedJob:
 
     def __init__(self, bed, tmp_path, hide_ucx=False, options=None, env=None, kill_point=None):
         self.bed = bed
-        self.env = dict(os.environ, PYTHONPATH=HERE, **(env or {}))
-        self.env.pop("PJRT_CROSSHOST_UCX_LIBRARY", None)
+        inherited = dict(os.environ)
+        inherited.pop("PJRT_CROSSHOST_UCX_LIBRARY", None)
+        inherited.pop("UCX_TCP_RX_SEG_SIZE", None)
+        self.env = dict(inherited, PYTHONPATH=HERE, **(env or {}))
         self.prefix = two_hosts.without_ucx([]) if hide_ucx else []
         port = bed.port()
         self.kv = bed.popen("a", [*self.prefix, python(), WORKER, "kv", port],
@@ -124,6 +126,32 @@ def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
     job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx)
     sent, received = job.pair("v2", order)
     assert_delivered(sent, received, "tcp" if hide_ucx else "ucx")
+    # The plugin's UCX defaults were in the environment before libucp
+    # loaded (the 8 MiB buffer went in 512 KiB fragments, not 64 KiB).
+    for worker in (sent, received):
+        assert worker["ucx_env"] == {"UCX_TCP_RX_SEG_SIZE": "512k"}, worker["ucx_env"]
+
+
+def test_a_ucx_setting_of_the_user_stands(two_hosts, tmp_path):
+    job = BedJob(two_hosts, tmp_path, env={"UCX_TCP_RX_SEG_SIZE": "128k"})
+    sent, received = job.pair("v2", "recv_first")
+    assert_delivered(sent, received, "ucx")
+    for worker in (sent, received):
+        assert worker["ucx_env"] == {"UCX_TCP_RX_SEG_SIZE": "128k"}, worker["ucx_env"]
+
+
+def test_the_package_prepares_the_same_ucx_environment_as_the_library():
+    """jax_plugins.crosshost sets UCX's environment at import (before JAX's
+    threads start), the library before it loads libucp: the same list."""
+    import re
+
+    repo = os.path.dirname(HERE)
+    with open(os.path.join(repo, "src/transport/ucx/library.rs")) as f:
+        rust = f.read().split("pub const UCX_ENVIRONMENT", 1)[1].split("];", 1)[0]
+    with open(os.path.join(repo, "python/jax_plugins/crosshost/__init__.py")) as f:
+        package = f.read().split("_UCX_ENVIRONMENT = (", 1)[1].split("\n)", 1)[0]
+    pair = re.compile(r'\(\s*"([A-Z_]+)",\s*"([^"]*)"\s*\)')
+    assert pair.findall(rust) == pair.findall(package) != []
 
 
 @pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])

@@ -14,6 +14,7 @@ Node 0 (host a) sends, node 1 (host b) receives.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -42,6 +43,8 @@ SPECS = [
     th.spec(BT.U8, 8 << 20),
 ]
 KEYS = list(range(100, 100 + len(SPECS)))
+# UCX settings the plugin chooses unless the user did (ucx/library.rs).
+UCX_SETTINGS = ["UCX_TCP_RX_SEG_SIZE"]
 
 
 def status_code(status) -> str:
@@ -126,6 +129,15 @@ def run(cfg: dict) -> int:
             result["create_error"] = {"code": int(e.code), "message": str(e)}
             print(json.dumps(result), flush=True)
             return 0
+        # What UCX was configured with: the plugin's defaults, set in the C
+        # environment before libucp loads (os.environ is Python's copy).
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_char_p
+        result["ucx_env"] = {
+            name: (value.decode() if value is not None else None)
+            for name in UCX_SETTINGS
+            for value in [libc.getenv(name.encode())]
+        }
         role = sender if cfg["node"] == 0 else receiver
         result.update(role(api, xh, client, ch, cfg))
         try:

@@ -377,6 +377,7 @@ _UCX_ENVIRONMENT = (
     ("UCX_MEM_MALLOC_HOOKS", "no"),
     ("UCX_MEM_EVENTS", "no"),
     ("UCX_WARN_UNUSED_ENV_VARS", "n"),
+    ("UCX_TCP_RX_SEG_SIZE", "512k"),
 )
 UCX_WHEEL_ENV = "PJRT_CROSSHOST_UCX_WHEEL_LIB"
 _prepare_ucx()
