@@ -126,8 +126,8 @@ def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
     job = BedJob(two_hosts, tmp_path, hide_ucx=hide_ucx)
     sent, received = job.pair("v2", order)
     assert_delivered(sent, received, "tcp" if hide_ucx else "ucx")
-    # The plugin's UCX defaults were in the environment before libucp
-    # loaded (the 8 MiB buffer went in 512 KiB fragments, not 64 KiB).
+    # The plugin's UCX defaults are in the environment UCX reads when it
+    # loads (set on the TCP fallback too, where no libucp loads).
     for worker in (sent, received):
         assert worker["ucx_env"] == {"UCX_TCP_RX_SEG_SIZE": "512k"}, worker["ucx_env"]
 

@@ -47,6 +47,14 @@ KEYS = list(range(100, 100 + len(SPECS)))
 UCX_SETTINGS = ["UCX_TCP_RX_SEG_SIZE"]
 
 
+def c_getenv(name: str) -> str | None:
+    """``name`` in the process's C environment, where the plugin sets it."""
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    value = libc.getenv(name.encode())
+    return None if value is None else value.decode()
+
+
 def status_code(status) -> str:
     """``OK``, or the error's code name and message."""
     if status is None:
@@ -131,13 +139,7 @@ def run(cfg: dict) -> int:
             return 0
         # What UCX was configured with: the plugin's defaults, set in the C
         # environment before libucp loads (os.environ is Python's copy).
-        libc = ctypes.CDLL(None)
-        libc.getenv.restype = ctypes.c_char_p
-        result["ucx_env"] = {
-            name: (value.decode() if value is not None else None)
-            for name in UCX_SETTINGS
-            for value in [libc.getenv(name.encode())]
-        }
+        result["ucx_env"] = {name: c_getenv(name) for name in UCX_SETTINGS}
         role = sender if cfg["node"] == 0 else receiver
         result.update(role(api, xh, client, ch, cfg))
         try:
