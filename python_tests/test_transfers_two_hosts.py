@@ -47,6 +47,7 @@ class BedJob:
         inherited = dict(os.environ)
         inherited.pop("PJRT_CROSSHOST_UCX_LIBRARY", None)
         inherited.pop("UCX_TCP_RX_SEG_SIZE", None)
+        inherited.pop("PJRT_CROSSHOST_THREAD_SLICE_US", None)
         self.env = dict(inherited, PYTHONPATH=HERE, **(env or {}))
         self.prefix = two_hosts.without_ucx([]) if hide_ucx else []
         port = bed.port()
@@ -130,6 +131,45 @@ def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
     # loads (set on the TCP fallback too, where no libucp loads).
     for worker in (sent, received):
         assert worker["ucx_env"] == {"UCX_TCP_RX_SEG_SIZE": "512k"}, worker["ucx_env"]
+        assert_short_slices(worker["thread_slices"], hide_ucx)
+
+
+# The slice every thread of the plugin asks for (sync/threads.rs).
+SHORT_SLICE_NS = 100_000
+
+
+def kernel_reports_slices() -> bool:
+    """Linux 6.12 and newer honour a thread's requested slice (and report
+    it as ``se.slice``); older kernels accept the hint and ignore it."""
+    import re
+
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (6, 12)
+
+
+def assert_short_slices(slices, hide_ucx):
+    """Every thread the plugin started asks for the short slice, the host's
+    own threads keep theirs."""
+    if not kernel_reports_slices():
+        return  # the hint is ignored before Linux 6.12: nothing to see
+    plugin = slices["plugin"]
+    expected = {"crosshost-ctl-a", "crosshost-ctl-c", "crosshost-lifec"} | (set() if hide_ucx else {"crosshost-ucx"})
+    assert expected <= {name[:15] for name in plugin}, plugin
+    assert all(s == [SHORT_SLICE_NS] for s in plugin.values()), plugin
+    assert slices["main"] not in (None, SHORT_SLICE_NS), slices
+
+
+def test_the_slice_hint_can_be_turned_off(two_hosts, tmp_path):
+    if not kernel_reports_slices():
+        pytest.skip("this kernel ignores thread slices (before Linux 6.12)")
+    job = BedJob(two_hosts, tmp_path, env={"PJRT_CROSSHOST_THREAD_SLICE_US": "0"})
+    sent, received = job.pair("v2", "recv_first")
+    assert_delivered(sent, received, "ucx")
+    for worker in (sent, received):
+        slices = worker["thread_slices"]
+        # The kernel's default slice, the same as the host's main thread.
+        kept = {s for found in slices["plugin"].values() for s in found}
+        assert kept == {slices["main"]}, slices
 
 
 def test_a_ucx_setting_of_the_user_stands(two_hosts, tmp_path):

@@ -55,6 +55,28 @@ def c_getenv(name: str) -> str | None:
     return None if value is None else value.decode()
 
 
+def thread_slices() -> dict:
+    """Each thread's scheduler slice in ns (``se.slice`` of its
+    /proc/self/task/TID/sched), the plugin's threads (named ``crosshost-*``)
+    apart from the others."""
+    slices: dict = {"plugin": {}, "main": None}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/sched") as f:
+                fields = {k.strip(): v for k, v in (ln.split(":", 1) for ln in f if ":" in ln)}
+        except OSError:
+            continue  # the thread ended
+        slice_ns = int(float(fields["se.slice"].strip())) if "se.slice" in fields else None
+        if int(tid) == os.getpid():
+            slices["main"] = slice_ns
+        elif name.startswith("crosshost"):
+            slices["plugin"].setdefault(name, set()).add(slice_ns)
+    slices["plugin"] = {name: sorted(s) for name, s in slices["plugin"].items()}
+    return slices
+
+
 def status_code(status) -> str:
     """``OK``, or the error's code name and message."""
     if status is None:
@@ -142,6 +164,7 @@ def run(cfg: dict) -> int:
         result["ucx_env"] = {name: c_getenv(name) for name in UCX_SETTINGS}
         role = sender if cfg["node"] == 0 else receiver
         result.update(role(api, xh, client, ch, cfg))
+        result["thread_slices"] = thread_slices()
         try:
             result["metrics"] = th.wait_keys_retired(client, timeout=30)[0]
         except AssertionError:

@@ -245,7 +245,7 @@ impl CallbackStore {
         };
         let shared = self.shared.clone();
         let name = format!("{name}-{}", workers.len());
-        let spawned = thread::Builder::new().name(name).spawn(move || {
+        let spawned = crate::sync::threads::spawn(name, move || {
             body(&shared);
             drop(exit);
         });

@@ -3,6 +3,7 @@ pub mod kill_points;
 pub mod metrics;
 pub mod promise;
 pub mod runner;
+pub mod threads;
 pub mod timeline;
 pub mod timer;
 

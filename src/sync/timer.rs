@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -48,10 +48,8 @@ impl DeadlineTimer {
             changed: Condvar::new(),
         });
         let s = shared.clone();
-        let thread = thread::Builder::new()
-            .name(name.to_string())
-            .spawn(move || run(&s))
-            .expect("spawn DeadlineTimer thread");
+        let thread =
+            super::threads::spawn(name, move || run(&s)).expect("spawn DeadlineTimer thread");
         DeadlineTimer {
             shared,
             thread: Mutex::new(Some(thread)),

@@ -94,9 +94,7 @@ impl Default for ControlConfig {
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .spawn(f)
+    crate::sync::threads::spawn(name, f)
         .map_err(|e| status::resource_exhausted(format!("cannot start thread {name}: {e}")))
 }
 

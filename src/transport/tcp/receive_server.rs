@@ -117,9 +117,10 @@ impl TcpReceiveServer {
                 rejoin: rejoin.clone(),
                 sink: sink.clone(),
             };
-            let handle = std::thread::Builder::new()
-                .name(format!("crosshost-tcp-recv-{index}"))
-                .spawn(move || handlers.serve(queued))
+            let handle =
+                crate::sync::threads::spawn(format!("crosshost-tcp-recv-{index}"), move || {
+                    handlers.serve(queued)
+                })
                 .map_err(|error| status::internal(format!("cannot spawn TCP handler: {error}")))?;
             handler_threads.push(handle);
         }
@@ -134,10 +135,9 @@ impl TcpReceiveServer {
             sink.clone(),
             accepted.clone(),
         );
-        let admission_thread = std::thread::Builder::new()
-            .name("crosshost-tcp-accept".into())
-            .spawn(move || admission.run())
-            .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?;
+        let admission_thread =
+            crate::sync::threads::spawn("crosshost-tcp-accept", move || admission.run())
+                .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?;
         log::info!("TCP transfer server listening on {local_addr}");
         Ok(TcpReceiveServer {
             local_addr,

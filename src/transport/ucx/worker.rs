@@ -261,25 +261,23 @@ impl WorkerHandle {
         let (ready, started) = crossbeam_channel::bounded(1);
         let api = ucx.api.clone();
         let thread_lanes = lanes.clone();
-        let thread = std::thread::Builder::new()
-            .name("crosshost-ucx".into())
-            .spawn(move || {
-                let created =
-                    Worker::create(api, (me, index), registry, sink, thread_lanes, thread_held);
-                let setup = match created {
-                    Ok(worker) => worker,
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
-                        return;
-                    }
-                };
-                let address = setup.address.clone();
-                let rejected = setup.callbacks.rejected.clone();
-                let worker = Arc::new(Mutex::new(setup));
-                let _ = ready.send(Ok((address, rejected, worker.clone())));
-                Worker::run(&worker, orders, wake_fd);
-            })
-            .map_err(|e| status::resource_exhausted(format!("UCX transport: thread: {e}")))?;
+        let thread = crate::sync::threads::spawn("crosshost-ucx", move || {
+            let created =
+                Worker::create(api, (me, index), registry, sink, thread_lanes, thread_held);
+            let setup = match created {
+                Ok(worker) => worker,
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
+            let address = setup.address.clone();
+            let rejected = setup.callbacks.rejected.clone();
+            let worker = Arc::new(Mutex::new(setup));
+            let _ = ready.send(Ok((address, rejected, worker.clone())));
+            Worker::run(&worker, orders, wake_fd);
+        })
+        .map_err(|e| status::resource_exhausted(format!("UCX transport: thread: {e}")))?;
         let (address, rejected, worker) = match started.recv() {
             Ok(Ok(started)) => started,
             Ok(Err(e)) => {
