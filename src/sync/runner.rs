@@ -48,24 +48,28 @@ impl AsyncWorkRunner {
                 let receiver = receiver.clone();
                 let thread_name = format!("{name}-{i}");
                 let burst = burst.clone();
-                super::threads::spawn(thread_name.clone(), move || {
-                    while let Ok(work) = receiver.recv() {
-                        let mut scope = burst.as_ref().map(|open| open());
-                        run_guarded(&thread_name, work);
-                        let mut in_scope = 1;
-                        while let Ok(work) = receiver.try_recv() {
-                            // A queue that never empties still closes
-                            // its scope now and then.
-                            if in_scope == MAX_BURST {
-                                drop(scope.take());
-                                scope = burst.as_ref().map(|open| open());
-                                in_scope = 0;
-                            }
+                super::threads::spawn(
+                    thread_name.clone(),
+                    super::threads::Slice::Kernel,
+                    move || {
+                        while let Ok(work) = receiver.recv() {
+                            let mut scope = burst.as_ref().map(|open| open());
                             run_guarded(&thread_name, work);
-                            in_scope += 1;
+                            let mut in_scope = 1;
+                            while let Ok(work) = receiver.try_recv() {
+                                // A queue that never empties still closes
+                                // its scope now and then.
+                                if in_scope == MAX_BURST {
+                                    drop(scope.take());
+                                    scope = burst.as_ref().map(|open| open());
+                                    in_scope = 0;
+                                }
+                                run_guarded(&thread_name, work);
+                                in_scope += 1;
+                            }
                         }
-                    }
-                })
+                    },
+                )
                 .expect("spawn AsyncWorkRunner worker")
             })
             .collect();

@@ -1,22 +1,26 @@
-//! The plugin's own threads: named, and asking the kernel for a short time
-//! slice.
+//! The plugin's own threads: named, each started with the time slice its
+//! job wants.
 //!
-//! Every thread the plugin starts (control links, UCX progress, TCP
-//! handlers, the lifecycle's runner, timers, KV callback calls) wakes for a
-//! few microseconds of work on a transfer's path and sleeps again. Linux's
-//! EEVDF scheduler (6.6 and newer) lets a woken thread preempt the running
-//! one only when it asks for a shorter slice (`sched_setattr` with
-//! `sched_runtime`, honoured since 6.12); at the default slice (0.7 ms times
-//! the log of the CPU count) a wake-up can wait that long behind a thread that
-//! computes, as XLA's do. Across the two-host bed with both CPUs busy, a 4 KiB
-//! transfer's part in the plugin dropped from 243-372 µs to 182-235 µs (p50)
-//! with the hint, and bulk transfers did not move (the README's "Wake-ups").
+//! The threads that carry transfers between hosts (UCX progress threads,
+//! the TCP transport's, control links over TCP) wake for a few microseconds
+//! of work on a transfer's path and sleep again. Linux's EEVDF scheduler
+//! (6.6 and newer) lets a woken thread preempt the running one only when it
+//! asks for a shorter slice (`sched_setattr` with `sched_runtime`, honoured
+//! since 6.12); at the default slice (0.7 ms times the log of the CPU count)
+//! a wake-up can wait that long behind a thread that computes, as XLA's do.
+//! Across the two-host bed, a 4 KiB transfer's part in the plugin dropped
+//! from 244-356 µs to 192-223 µs (p50) with every thread hinted (the
+//! README's "Wake-ups").
+//!
+//! Threads on one host's paths keep the kernel's slice: there the hint cut
+//! 64 x 1 MiB from 7.6-9.2 GB/s to 5.9-7.6 GB/s, each completion's threads
+//! preempting the copies instead of taking their receipts in bursts.
 //!
 //! The hint keeps the thread's policy and nice value, and leaves alone a
 //! thread whose host made it real-time, deadline or idle. Older kernels
 //! accept and ignore it; a kernel or sandbox that refuses it costs nothing
 //! but a line in the debug log. `PJRT_CROSSHOST_THREAD_SLICE_US` sets the
-//! slice (100-100000; `0`: the kernel's default, no hint).
+//! short slice (100-100000; `0`: no hint, the kernel's slice everywhere).
 
 use std::io;
 use std::thread::{self, JoinHandle};
@@ -37,21 +41,42 @@ const SLICE_RANGE_US: (u64, u64) = (100, 100_000);
 static REQUESTED: Lazy<Option<Duration>> =
     Lazy::new(|| requested_slice(std::env::var(SLICE_ENV).ok().as_deref()));
 
-/// Starts a named thread of the plugin that asks for the short slice first.
-pub fn spawn<F, T>(name: impl Into<String>, body: F) -> io::Result<JoinHandle<T>>
+/// The time slice a thread of the plugin runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slice {
+    /// The short slice: a thread that carries transfers between hosts.
+    Short,
+    /// The kernel's slice.
+    Kernel,
+}
+
+impl Slice {
+    /// `Short` for a thread that serves a peer on another host.
+    pub fn serving(same_host: bool) -> Slice {
+        if same_host {
+            Slice::Kernel
+        } else {
+            Slice::Short
+        }
+    }
+}
+
+/// Starts a named thread of the plugin with `slice`.
+pub fn spawn<F, T>(name: impl Into<String>, slice: Slice, body: F) -> io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
     thread::Builder::new().name(name.into()).spawn(move || {
-        ask_short_slice();
+        if slice == Slice::Short {
+            ask_short_slice();
+        }
         body()
     })
 }
 
-/// Asks for the short slice on the calling thread, for threads the plugin
-/// does not start itself (a runtime's workers, through its start hook).
-pub fn ask_short_slice() {
+/// Asks for the short slice on the calling thread.
+fn ask_short_slice() {
     let Some(slice) = *REQUESTED else {
         return;
     };
@@ -182,7 +207,7 @@ mod tests {
             let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 3) };
             assert_eq!(rc, 0, "setpriority: {}", io::Error::last_os_error());
             let before = own_scheduling().unwrap();
-            let inner = spawn("crosshost-test-slice", own_scheduling).unwrap();
+            let inner = spawn("crosshost-test-slice", Slice::Short, own_scheduling).unwrap();
             (before, inner.join().unwrap().unwrap())
         })
         .join()
@@ -201,6 +226,17 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_at_the_kernels_slice_keeps_its_creators_scheduling() {
+        if !kernel_reports_slices() {
+            return;
+        }
+        let creator = own_scheduling().unwrap();
+        let plain = spawn("crosshost-test-plain", Slice::Kernel, own_scheduling).unwrap();
+        assert_eq!(plain.join().unwrap().unwrap(), creator);
+        assert_ne!(creator.slice_ns, DEFAULT_SLICE.as_nanos() as u64);
+    }
+
+    #[test]
     fn a_batch_thread_stays_batch_with_the_short_slice() {
         if !kernel_reports_slices() {
             return;
@@ -211,7 +247,7 @@ mod tests {
             // sched_param; SCHED_BATCH needs no privilege.
             let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
             assert_eq!(rc, 0, "sched_setscheduler: {}", io::Error::last_os_error());
-            spawn("crosshost-test-batch", own_scheduling)
+            spawn("crosshost-test-batch", Slice::Short, own_scheduling)
                 .unwrap()
                 .join()
                 .unwrap()

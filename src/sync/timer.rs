@@ -48,8 +48,8 @@ impl DeadlineTimer {
             changed: Condvar::new(),
         });
         let s = shared.clone();
-        let thread =
-            super::threads::spawn(name, move || run(&s)).expect("spawn DeadlineTimer thread");
+        let thread = super::threads::spawn(name, super::threads::Slice::Kernel, move || run(&s))
+            .expect("spawn DeadlineTimer thread");
         DeadlineTimer {
             shared,
             thread: Mutex::new(Some(thread)),

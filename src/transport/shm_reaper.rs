@@ -138,8 +138,11 @@ pub fn ensure_watchdog(owner: &ShmOwner) {
     let running = start_watchdog(owner);
     if running.is_some() {
         let owner = *owner;
-        let kept =
-            crate::sync::threads::spawn("crosshost-shm-keeper", move || keep_watchdog(owner));
+        let kept = crate::sync::threads::spawn(
+            "crosshost-shm-keeper",
+            crate::sync::threads::Slice::Kernel,
+            move || keep_watchdog(owner),
+        );
         if let Err(e) = kept {
             log::warn!(
                 "no keeper for the shared-memory watchdog ({e}): if it is killed, it stays dead"

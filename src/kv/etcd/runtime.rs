@@ -16,7 +16,6 @@ static RUNTIME: Lazy<tokio::runtime::Runtime> = Lazy::new(|| {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("crosshost-etcd")
-        .on_thread_start(crate::sync::threads::ask_short_slice)
         .enable_all()
         .build()
         .expect("building the etcd client's tokio runtime")

@@ -32,6 +32,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::status::{self, Result};
+use crate::sync::threads::Slice;
 
 pub use cork::{cork, flush_corked, Cork};
 pub use frame::*;
@@ -93,8 +94,8 @@ impl Default for ControlConfig {
     }
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    crate::sync::threads::spawn(name, f)
+fn spawn(name: &str, slice: Slice, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    crate::sync::threads::spawn(name, slice, f)
         .map_err(|e| status::resource_exhausted(format!("cannot start thread {name}: {e}")))
 }
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::status::{self, Result};
+use crate::sync::threads::Slice;
 use crate::transport::random::random_u64;
 
 use super::frame::*;
@@ -86,23 +87,22 @@ impl ControlServer {
             connections: server.connections.clone(),
         });
         let unix = server.unix.clone();
-        let serve_unix = serve.clone();
         let tcp = server.tcp.clone();
         let mut threads = server.threads.lock();
-        threads.push(spawn("crosshost-ctl-accept", move || loop {
-            match unix.accept() {
-                Ok((stream, _)) => serve_unix.clone().accepted(Box::new(stream)),
-                Err(_) if serve_unix.stopping.load(Ordering::Acquire) => return,
-                Err(e) => log::warn!("control link: accept on the Unix socket: {e}"),
-            }
-        })?);
-        threads.push(spawn("crosshost-ctl-accept-tcp", move || loop {
-            match tcp.accept() {
-                Ok((stream, _)) => serve.clone().accepted(Box::new(stream)),
-                Err(_) if serve.stopping.load(Ordering::Acquire) => return,
-                Err(e) => log::warn!("control link: accept on TCP: {e}"),
-            }
-        })?);
+        threads.push(serve.clone().accepting(
+            "crosshost-ctl-accept",
+            "the Unix socket",
+            Slice::Kernel,
+            move || unix.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
+        )?);
+        // A peer over TCP is on another host: its link's wake-ups are a
+        // transfer's latency.
+        threads.push(serve.accepting(
+            "crosshost-ctl-accept-tcp",
+            "TCP",
+            Slice::Short,
+            move || tcp.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
+        )?);
         drop(threads);
         Ok(server)
     }
@@ -143,9 +143,27 @@ pub(super) struct Serve {
 }
 
 impl Serve {
+    /// Accepts connections on a thread of its own until the server stops,
+    /// each served on a thread at `slice`.
+    fn accepting(
+        self: Arc<Self>,
+        name: &str,
+        socket: &'static str,
+        slice: Slice,
+        accept: impl Fn() -> std::io::Result<Box<dyn Stream>> + Send + 'static,
+    ) -> Result<JoinHandle<()>> {
+        spawn(name, Slice::Kernel, move || loop {
+            match accept() {
+                Ok(stream) => self.clone().accepted(stream, slice),
+                Err(_) if self.stopping.load(Ordering::Acquire) => return,
+                Err(e) => log::warn!("control link: accept on {socket}: {e}"),
+            }
+        })
+    }
+
     /// Serves one accepted connection on its own thread (HELLO first, within
     /// the deadline, or it is closed).
-    fn accepted(self: Arc<Self>, stream: Box<dyn Stream>) {
+    fn accepted(self: Arc<Self>, stream: Box<dyn Stream>, slice: Slice) {
         if self.connections.count.fetch_add(1, Ordering::AcqRel) >= self.config.max_connections {
             self.connections.count.fetch_sub(1, Ordering::AcqRel);
             log::warn!(
@@ -160,7 +178,7 @@ impl Serve {
             self.connections.open.lock().insert(id, clone);
         }
         let serve = self.clone();
-        let started = spawn("crosshost-ctl-conn", move || {
+        let started = spawn("crosshost-ctl-conn", slice, move || {
             serve.serve(stream);
             serve.connections.open.lock().remove(&id);
             serve.connections.count.fetch_sub(1, Ordering::AcqRel);

@@ -28,6 +28,7 @@ use super::server_config::TcpServerConfig;
 use super::socket::{is_timeout, recv_exact_into};
 use super::wire::{encode_refusal, encode_response};
 use crate::status::{self, Result};
+use crate::sync::threads::Slice;
 use crate::transport::registry::{DestinationRegistry, ReceiptSink};
 
 /// Streams currently being served, so that shutdown can cut them off
@@ -117,11 +118,12 @@ impl TcpReceiveServer {
                 rejoin: rejoin.clone(),
                 sink: sink.clone(),
             };
-            let handle =
-                crate::sync::threads::spawn(format!("crosshost-tcp-recv-{index}"), move || {
-                    handlers.serve(queued)
-                })
-                .map_err(|error| status::internal(format!("cannot spawn TCP handler: {error}")))?;
+            let handle = crate::sync::threads::spawn(
+                format!("crosshost-tcp-recv-{index}"),
+                Slice::Short,
+                move || handlers.serve(queued),
+            )
+            .map_err(|error| status::internal(format!("cannot spawn TCP handler: {error}")))?;
             handler_threads.push(handle);
         }
         let admission = Admission::new(
@@ -136,8 +138,10 @@ impl TcpReceiveServer {
             accepted.clone(),
         );
         let admission_thread =
-            crate::sync::threads::spawn("crosshost-tcp-accept", move || admission.run())
-                .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?;
+            crate::sync::threads::spawn("crosshost-tcp-accept", Slice::Short, move || {
+                admission.run()
+            })
+            .map_err(|error| status::internal(format!("cannot spawn TCP acceptor: {error}")))?;
         log::info!("TCP transfer server listening on {local_addr}");
         Ok(TcpReceiveServer {
             local_addr,

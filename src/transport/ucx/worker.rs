@@ -34,6 +34,7 @@ use super::sys::*;
 use super::transfer::Transfer;
 use super::wire::{Ack, DataHeader, AM_ACK, AM_DATA};
 use crate::status::{self, Result, Status};
+use crate::sync::threads::Slice;
 use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
@@ -261,7 +262,7 @@ impl WorkerHandle {
         let (ready, started) = crossbeam_channel::bounded(1);
         let api = ucx.api.clone();
         let thread_lanes = lanes.clone();
-        let thread = crate::sync::threads::spawn("crosshost-ucx", move || {
+        let thread = crate::sync::threads::spawn("crosshost-ucx", Slice::Short, move || {
             let created =
                 Worker::create(api, (me, index), registry, sink, thread_lanes, thread_held);
             let setup = match created {
