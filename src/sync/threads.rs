@@ -9,7 +9,8 @@
 //! since 6.12); at the default slice (0.7 ms times the log of the CPU count)
 //! a wake-up can wait that long behind a thread that computes, as XLA's do.
 //! Across the two-host bed, a 4 KiB transfer's part in the plugin dropped
-//! from 244-356 µs to 192-223 µs (p50) with every thread hinted (the
+//! from 244-356 µs to 192-223 µs (p50) with every thread hinted, and from
+//! 623-790 µs to 388-666 µs on a noisier afternoon with only these (the
 //! README's "Wake-ups").
 //!
 //! Threads on one host's paths keep the kernel's slice: there the hint cut
