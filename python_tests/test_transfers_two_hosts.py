@@ -134,7 +134,7 @@ def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
         assert_short_slices(worker["thread_slices"], hide_ucx)
 
 
-# The slice every thread of the plugin asks for (sync/threads.rs).
+# The short slice the cross-host threads ask for (sync/threads.rs).
 SHORT_SLICE_NS = 100_000
 
 

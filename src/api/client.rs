@@ -700,15 +700,13 @@ impl Client {
             // Links to every peer now, so that any peer's death is noticed,
             // also one this process has not exchanged a key with yet.
             let eager = Arc::downgrade(peer);
-            let _ = crate::sync::threads::spawn(
-                "crosshost-links",
-                crate::sync::threads::Slice::Kernel,
-                move || {
+            let _ = std::thread::Builder::new()
+                .name("crosshost-links".into())
+                .spawn(move || {
                     if let Some(peer) = eager.upgrade() {
                         peer.connect_all();
                     }
-                },
-            );
+                });
         }
         let platform_version = match &compute {
             Some(compute) => format!(

@@ -245,11 +245,10 @@ impl CallbackStore {
         };
         let shared = self.shared.clone();
         let name = format!("{name}-{}", workers.len());
-        let spawned =
-            crate::sync::threads::spawn(name, crate::sync::threads::Slice::Kernel, move || {
-                body(&shared);
-                drop(exit);
-            });
+        let spawned = thread::Builder::new().name(name).spawn(move || {
+            body(&shared);
+            drop(exit);
+        });
         match spawned {
             Ok(handle) => workers.push(handle),
             Err(e) => log::error!("CallbackStore: cannot start a worker: {e}"),

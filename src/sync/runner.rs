@@ -48,10 +48,9 @@ impl AsyncWorkRunner {
                 let receiver = receiver.clone();
                 let thread_name = format!("{name}-{i}");
                 let burst = burst.clone();
-                super::threads::spawn(
-                    thread_name.clone(),
-                    super::threads::Slice::Kernel,
-                    move || {
+                thread::Builder::new()
+                    .name(thread_name.clone())
+                    .spawn(move || {
                         while let Ok(work) = receiver.recv() {
                             let mut scope = burst.as_ref().map(|open| open());
                             run_guarded(&thread_name, work);
@@ -68,9 +67,8 @@ impl AsyncWorkRunner {
                                 in_scope += 1;
                             }
                         }
-                    },
-                )
-                .expect("spawn AsyncWorkRunner worker")
+                    })
+                    .expect("spawn AsyncWorkRunner worker")
             })
             .collect();
         AsyncWorkRunner {

@@ -1,5 +1,5 @@
-//! The plugin's own threads: named, each started with the time slice its
-//! job wants.
+//! Starting the plugin's threads that carry transfers between hosts with a
+//! short time slice (the others start as any Rust thread does).
 //!
 //! The threads that carry transfers between hosts (UCX progress threads,
 //! the TCP transport's, control links over TCP) wake for a few microseconds
@@ -30,11 +30,11 @@ use std::time::Duration;
 use once_cell::sync::Lazy;
 
 /// The environment variable that sets (or, with `0`, turns off) the slice.
-pub const SLICE_ENV: &str = "PJRT_CROSSHOST_THREAD_SLICE_US";
+const SLICE_ENV: &str = "PJRT_CROSSHOST_THREAD_SLICE_US";
 
 /// The slice asked for when the environment says nothing: the shortest the
 /// kernel grants.
-pub const DEFAULT_SLICE: Duration = Duration::from_micros(100);
+const DEFAULT_SLICE: Duration = Duration::from_micros(100);
 
 /// The range the kernel clamps a requested slice to.
 const SLICE_RANGE_US: (u64, u64) = (100, 100_000);
@@ -89,7 +89,7 @@ fn ask_short_slice() {
 
 /// The slice `setting` (the environment variable's value) asks for; `None`
 /// for no hint.
-pub fn requested_slice(setting: Option<&str>) -> Option<Duration> {
+fn requested_slice(setting: Option<&str>) -> Option<Duration> {
     let Some(text) = setting.map(str::trim).filter(|t| !t.is_empty()) else {
         return Some(DEFAULT_SLICE);
     };
@@ -106,26 +106,6 @@ pub fn requested_slice(setting: Option<&str>) -> Option<Duration> {
             Some(DEFAULT_SLICE)
         }
     }
-}
-
-/// The calling thread's scheduling as the kernel reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scheduling {
-    pub policy: u32,
-    pub nice: i32,
-    /// The thread's slice where the kernel reports one (6.12 and newer),
-    /// else 0.
-    pub slice_ns: u64,
-}
-
-/// The calling thread's policy, nice value and slice.
-pub fn own_scheduling() -> io::Result<Scheduling> {
-    let attr = own_attr()?;
-    Ok(Scheduling {
-        policy: attr.sched_policy,
-        nice: attr.sched_nice,
-        slice_ns: attr.sched_runtime,
-    })
 }
 
 fn own_attr() -> io::Result<libc::sched_attr> {
@@ -162,6 +142,25 @@ fn set_own_slice(slice: Duration) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling as the kernel reports it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Scheduling {
+        policy: u32,
+        nice: i32,
+        /// The thread's slice where the kernel reports one (6.12 and
+        /// newer), else 0.
+        slice_ns: u64,
+    }
+
+    fn own_scheduling() -> io::Result<Scheduling> {
+        let attr = own_attr()?;
+        Ok(Scheduling {
+            policy: attr.sched_policy,
+            nice: attr.sched_nice,
+            slice_ns: attr.sched_runtime,
+        })
+    }
 
     /// Whether this kernel reports a thread's slice (6.12 and newer): where
     /// it does not, the hint is accepted and ignored, and there is nothing

@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -48,7 +48,9 @@ impl DeadlineTimer {
             changed: Condvar::new(),
         });
         let s = shared.clone();
-        let thread = super::threads::spawn(name, super::threads::Slice::Kernel, move || run(&s))
+        let thread = thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || run(&s))
             .expect("spawn DeadlineTimer thread");
         DeadlineTimer {
             shared,

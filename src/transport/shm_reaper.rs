@@ -138,11 +138,9 @@ pub fn ensure_watchdog(owner: &ShmOwner) {
     let running = start_watchdog(owner);
     if running.is_some() {
         let owner = *owner;
-        let kept = crate::sync::threads::spawn(
-            "crosshost-shm-keeper",
-            crate::sync::threads::Slice::Kernel,
-            move || keep_watchdog(owner),
-        );
+        let kept = std::thread::Builder::new()
+            .name("crosshost-shm-keeper".into())
+            .spawn(move || keep_watchdog(owner));
         if let Err(e) = kept {
             log::warn!(
                 "no keeper for the shared-memory watchdog ({e}): if it is killed, it stays dead"

@@ -175,56 +175,53 @@ impl ControlLink {
         // What the acks of one burst set off (a waiter that makes another
         // request) goes out together, once the burst is answered.
         let mut burst: Option<Cork> = None;
-        let handle = spawn("crosshost-ctl-link", Slice::serving(same_host), move || {
-            loop {
-                if !frames.has_frame() {
-                    burst = None;
+        let slice = Slice::serving(same_host);
+        let handle = spawn("crosshost-ctl-link", slice, move || loop {
+            if !frames.has_frame() {
+                burst = None;
+            }
+            let next = frames.next(&mut *reader);
+            burst.get_or_insert_with(cork);
+            match next {
+                Ok((op, id, payload)) => {
+                    let outcome = match op {
+                        OP_ACK => Ok(()),
+                        _ => {
+                            let code = payload
+                                .get(0..4)
+                                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                                .unwrap_or(2);
+                            Err(Status::new(
+                                Code::from_raw(code as i32),
+                                format!(
+                                    "process {peer} refused: {}",
+                                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
+                                ),
+                            ))
+                        }
+                    };
+                    let waiter = waiters.lock().remove(&id);
+                    if let Some(waiter) = waiter {
+                        waiter.complete(outcome, &timer);
+                    }
                 }
-                let next = frames.next(&mut *reader);
-                burst.get_or_insert_with(cork);
-                match next {
-                    Ok((op, id, payload)) => {
-                        let outcome = match op {
-                            OP_ACK => Ok(()),
-                            _ => {
-                                let code = payload
-                                    .get(0..4)
-                                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                                    .unwrap_or(2);
-                                Err(Status::new(
-                                    Code::from_raw(code as i32),
-                                    format!(
-                                        "process {peer} refused: {}",
-                                        String::from_utf8_lossy(
-                                            payload.get(4..).unwrap_or_default()
-                                        )
-                                    ),
-                                ))
-                            }
-                        };
-                        let waiter = waiters.lock().remove(&id);
-                        if let Some(waiter) = waiter {
-                            waiter.complete(outcome, &timer);
-                        }
+                Err(_) => {
+                    broken.store(true, Ordering::Release);
+                    // The peer's loss is reported before its waiting requests
+                    // fail, so what they do on failure (retire a receive,
+                    // delete its keys) already knows the peer is gone. Our
+                    // own drop closes the link too; that is no news.
+                    report_closed(peer, &on_closed, &dropping, &reported);
+                    let waiting: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
+                    for waiter in waiting {
+                        waiter.complete(
+                            Err(status::unavailable(format!(
+                                "control link to process {peer} closed"
+                            ))),
+                            &timer,
+                        );
                     }
-                    Err(_) => {
-                        broken.store(true, Ordering::Release);
-                        // The peer's loss is reported before its waiting requests
-                        // fail, so what they do on failure (retire a receive,
-                        // delete its keys) already knows the peer is gone. Our
-                        // own drop closes the link too; that is no news.
-                        report_closed(peer, &on_closed, &dropping, &reported);
-                        let waiting: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
-                        for waiter in waiting {
-                            waiter.complete(
-                                Err(status::unavailable(format!(
-                                    "control link to process {peer} closed"
-                                ))),
-                                &timer,
-                            );
-                        }
-                        return;
-                    }
+                    return;
                 }
             }
         })?;
