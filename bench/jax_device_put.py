@@ -19,7 +19,8 @@ JAX's coordinator on host a (xh-a, 10.77.0.1), process 1 on host b (xh-b,
 10.77.0.2), joined by a veth, each host with its own network, pid, IPC, UTS
 namespace, /dev/shm and boot id, so no same-host shortcut exists. One run
 measures JAX's own CPU path (its socket transfer server, told each host's
-bed address), crosshost in each of HOST_VARIANTS (or --variant), one raw
+bed address) and crosshost in each of HOST_VARIANTS (or --variant), each
+job --rounds times in alternating order with its times pooled, one raw
 TCP stream over the same veth (256 MiB, sendall/recv_into), and the bytes
 of the 1 MiB case raw on one stream and of the 64 x 1 MiB case over 1, 2
 and 4 parallel streams (RAW_CEILINGS: what the veth moves at all with
@@ -402,6 +403,27 @@ def host_option_strings(variant: str, per_host: str, bed) -> dict:
     return {h: joined.format(addr=bed.address(h), host=bed.hostname(h)) for h in ("a", "b")}
 
 
+def pooled(reports: list) -> dict:
+    """One job's reports over the rounds as one: every round's times of each
+    case together, the keys every round left added up, the last round's
+    metrics; the first failure if a round failed."""
+    for report in reports:
+        if "error" in report:
+            return report
+    merged = dict(reports[-1])
+    merged["results"] = {
+        name: [t for report in reports for t in report["results"].get(name, [])]
+        for name in reports[-1]["results"]
+    }
+    unread = [report for report in reports if not isinstance(report.get("transfer_keys"), int)]
+    if unread:
+        merged.pop("transfer_keys", None)
+        merged["store_keys_error"] = unread[0].get("store_keys_error", "not reported")
+    else:
+        merged["transfer_keys"] = sum(report["transfer_keys"] for report in reports)
+    return merged
+
+
 def main_hosts(args, cases: list, jax_version: str) -> None:
     sys.path.insert(0, str(REPO / "python_tests"))
     import two_hosts
@@ -425,14 +447,29 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
                 print(f"{what}: FAILED: {e}", flush=True)
                 return {"error": str(e)}
 
-        results["cpu"] = attempt("JAX's CPU path", lambda: run_backend(
-            "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout))
-        for label, variant in variants:
-            opts = host_option_strings(variant, args.per_host_options, bed)
-            results["options"][label] = opts
-            results["variants"][label] = attempt(f"crosshost {label} ({opts})", lambda: run_backend(
-                "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
-                host_options=opts, timeout=args.timeout, hide_ucx=label.endswith("-noucx")))
+        # Each round runs every job once, starting one job later than the
+        # round before: a slow spell of this shared machine then falls on
+        # each job in turn instead of on whichever happened to run in it.
+        jobs = [("cpu", None)] + [(label, variant) for label, variant in variants]
+        rounds: dict = {name: [] for name, _ in jobs}
+        for r in range(max(1, args.rounds)):
+            for name, variant in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+                if variant is None:
+                    rounds[name].append(attempt(f"JAX's CPU path, round {r + 1}", lambda: run_backend(
+                        "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout)))
+                    continue
+                opts = host_option_strings(variant, args.per_host_options, bed)
+                results["options"][name] = opts
+                rounds[name].append(attempt(
+                    f"crosshost {name} ({opts}), round {r + 1}",
+                    lambda name=name, variant=variant, opts=opts: run_backend(
+                        "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
+                        host_options=opts, timeout=args.timeout,
+                        hide_ucx=name.endswith("-noucx"))))
+        results["rounds"] = rounds
+        results["cpu"] = pooled(rounds["cpu"])
+        for label, _ in variants:
+            results["variants"][label] = pooled(rounds[label])
         results["raw_tcp"] = attempt("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python))
         results["raw_ceilings"] = {
             case: {n: attempt(f"raw TCP, {case}, {n} streams", lambda nbytes=nbytes, n=n: run_raw_tcp(
@@ -454,7 +491,8 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
 
     print(f"\nJAX {jax_version}, two hosts (xh-a -> xh-b over a veth): cross-host "
           f"jax.device_put, receiver's time from a shared barrier to block_until_ready, "
-          f"median of {args.reps} ({args.reps * SMALL_REPS_FACTOR} for cases of at most 4 MiB)")
+          f"median of {args.reps * args.rounds} ({args.reps * SMALL_REPS_FACTOR * args.rounds} "
+          f"for cases of at most 4 MiB) over {args.rounds} alternating rounds")
     for label in labels:
         print(f"crosshost {label}: a: {results['options'][label]['a'] or '(no options)'}; "
               f"b: {results['options'][label]['b'] or '(no options)'}")
@@ -473,6 +511,18 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
     print("-|-".join("-" * w for w in widths))
     for r in rows:
         print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    if args.rounds > 1:
+        # The same ratio within each round (JAX's median / crosshost's, both
+        # of that round): how far one round's verdict can be trusted.
+        for label in labels:
+            spans = []
+            for name, _, _ in cases:
+                ratios = [med(theirs, name) / med(mine, name)
+                          for theirs, mine in zip(results["rounds"]["cpu"], results["rounds"][label])
+                          if med(theirs, name) and med(mine, name)]
+                if ratios:
+                    spans.append(f"{name} {min(ratios):.2f}-{max(ratios):.2f}x")
+            print(f"ratio {label} per round (lowest-highest): " + ", ".join(spans))
     if raw.get("times"):
         raw_t = statistics.median(raw["times"])
         raw_gbps = raw["bytes"] / raw_t / 1e9
@@ -506,8 +556,8 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         if "error" in report:
             continue
         keys = report.get("transfer_keys", report.get("store_keys_error"))
-        print(f"crosshost {label}: transfer keys left in JAX's coordination service: {keys}; "
-              f"receiver's metrics: {report.get('metrics')}")
+        print(f"crosshost {label}: transfer keys left in JAX's coordination service "
+              f"(all rounds): {keys}; receiver's metrics (last round): {report.get('metrics')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"jax": jax_version, "hosts": True, "table": table, **results}, f, indent=1)
@@ -539,6 +589,8 @@ def main() -> None:
     parser.add_argument("--per-host-options", default=PER_HOST_OPTIONS, metavar="OPTIONS",
                         help="--hosts: options for every variant, {addr}/{host} per host "
                              f"(default {PER_HOST_OPTIONS!r}; '' for none)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--hosts: every job this many times, alternating, times pooled")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="bound on each job, seconds")
     args = parser.parse_args()
