@@ -3,6 +3,7 @@ the same program on JAX's own CPU backend (its socket transfer server), in
 one run.
 
     python bench/jax_device_put.py [--reps 7] [--quick] [--json out.json]
+                                   [--hosts [--rounds 3]]
 
 For each backend, two processes join a jax.distributed job on 127.0.0.1 and
 put process 0's arrays onto process 1's device. Each figure is the
@@ -431,6 +432,7 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
     reason = two_hosts.unavailable_reason()
     if reason is not None:
         raise SystemExit(f"--hosts: no two-host bed can be made here: {reason}")
+    args.rounds = max(1, args.rounds)
     variants = HOST_VARIANTS
     if args.variant:
         variants = [tuple(v.split("=", 1)) if "=" in v else (v, "") for v in args.variant]
@@ -452,7 +454,7 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         # each job in turn instead of on whichever happened to run in it.
         jobs = [("cpu", None)] + [(label, variant) for label, variant in variants]
         rounds: dict = {name: [] for name, _ in jobs}
-        for r in range(max(1, args.rounds)):
+        for r in range(args.rounds):
             for name, variant in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
                 if variant is None:
                     rounds[name].append(attempt(f"JAX's CPU path, round {r + 1}", lambda: run_backend(
