@@ -225,6 +225,24 @@ def test_run_passes_environment_working_directory_and_exit_status(two_hosts, tmp
     assert got["cwd"] == os.getcwd()
 
 
+def test_libucp_is_hidden_from_one_command_only(two_hosts):
+    # A benchmark alternates UCX and hidden-UCX jobs on one bed: a run after
+    # a hidden one must find the library again, and a run beside it too.
+    lib = next((f for f in ("/usr/lib/x86_64-linux-gnu/libucp.so.0",
+                            "/usr/lib/aarch64-linux-gnu/libucp.so.0") if os.path.exists(f)), None)
+    if lib is None:
+        pytest.skip("no system libucp to hide")
+    size = [PY, "-c", "import os, sys; print(os.path.getsize(os.path.realpath(sys.argv[1])))", lib]
+    whole = os.path.getsize(os.path.realpath(lib))
+    assert whole > 0
+    hidden = two_hosts.run("b", th.without_ucx(size), timeout=T)
+    assert hidden.returncode == 0, hidden
+    assert int(hidden.stdout) == 0, "the hidden command sees an empty library"
+    after = two_hosts.run("b", size, timeout=T)
+    assert after.returncode == 0, after
+    assert int(after.stdout) == whole, "the next command on that host finds libucp whole"
+
+
 def _host_pids(bed, host) -> list[int]:
     """The live processes of ``host`` (zombies, which have ended, left out)."""
     code = textwrap.dedent("""

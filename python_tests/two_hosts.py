@@ -253,9 +253,9 @@ class TwoHostBed:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# Hides the system's libucp on the host a command runs on (a bind mount in the
-# host's mount namespace: every later run there sees an empty file), so the
-# plugin finds no UCX and falls back to TCP.
+# Hides the system's libucp from one command on its host (a bind mount in a
+# mount namespace of the command's own, gone with it: a later run on that host
+# still finds UCX), so the plugin finds no UCX and falls back to TCP.
 _HIDE_UCX = (
     'for f in /usr/lib/x86_64-linux-gnu/libucp.so.0 /usr/lib/aarch64-linux-gnu/libucp.so.0; do '
     '[ -e "$f" ] && mount --bind /dev/null "$(readlink -f "$f")"; done; exec "$@"'
@@ -263,8 +263,9 @@ _HIDE_UCX = (
 
 
 def without_ucx(argv: Sequence) -> list[str]:
-    """``argv``, run with the system's libucp hidden on its host."""
-    return ["sh", "-c", _HIDE_UCX, "sh", *map(str, argv)]
+    """``argv``, run with the system's libucp hidden from it (and its children)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _HIDE_UCX, "sh",
+            *map(str, argv)]
 
 
 @atexit.register
