@@ -452,26 +452,26 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         # Each round runs every job once, starting one job later than the
         # round before: a slow spell of this shared machine then falls on
         # each job in turn instead of on whichever happened to run in it.
-        jobs = [("cpu", None)] + [(label, variant) for label, variant in variants]
-        rounds: dict = {name: [] for name, _ in jobs}
+        rounds: dict = {"cpu": [], "variants": {label: [] for label, _ in variants}}
+        # (what, how, where its rounds' reports go)
+        jobs = [("JAX's CPU path", lambda: run_backend(
+            "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout), rounds["cpu"])]
+        for label, variant in variants:
+            opts = host_option_strings(variant, args.per_host_options, bed)
+            results["options"][label] = opts
+            jobs.append((f"crosshost {label} ({opts})",
+                         lambda label=label, variant=variant, opts=opts: run_backend(
+                             "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
+                             host_options=opts, timeout=args.timeout,
+                             hide_ucx=label.endswith("-noucx")),
+                         rounds["variants"][label]))
         for r in range(args.rounds):
-            for name, variant in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
-                if variant is None:
-                    rounds[name].append(attempt(f"JAX's CPU path, round {r + 1}", lambda: run_backend(
-                        "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout)))
-                    continue
-                opts = host_option_strings(variant, args.per_host_options, bed)
-                results["options"][name] = opts
-                rounds[name].append(attempt(
-                    f"crosshost {name} ({opts}), round {r + 1}",
-                    lambda name=name, variant=variant, opts=opts: run_backend(
-                        "crosshost", args.reps, cases, args.python, options=variant, bed=bed,
-                        host_options=opts, timeout=args.timeout,
-                        hide_ucx=name.endswith("-noucx"))))
+            for what, run, reports in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+                reports.append(attempt(f"{what}, round {r + 1}", run))
         results["rounds"] = rounds
         results["cpu"] = pooled(rounds["cpu"])
-        for label, _ in variants:
-            results["variants"][label] = pooled(rounds[label])
+        for label, reports in rounds["variants"].items():
+            results["variants"][label] = pooled(reports)
         results["raw_tcp"] = attempt("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python))
         results["raw_ceilings"] = {
             case: {n: attempt(f"raw TCP, {case}, {n} streams", lambda nbytes=nbytes, n=n: run_raw_tcp(
@@ -520,7 +520,8 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
             spans = []
             for name, _, _ in cases:
                 ratios = [med(theirs, name) / med(mine, name)
-                          for theirs, mine in zip(results["rounds"]["cpu"], results["rounds"][label])
+                          for theirs, mine in zip(results["rounds"]["cpu"],
+                                                 results["rounds"]["variants"][label])
                           if med(theirs, name) and med(mine, name)]
                 if ratios:
                     spans.append(f"{name} {min(ratios):.2f}-{max(ratios):.2f}x")
