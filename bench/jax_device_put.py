@@ -559,7 +559,13 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         if "error" in report:
             continue
         keys = report.get("transfer_keys", report.get("store_keys_error"))
-        print(f"crosshost {label}: transfer keys left in JAX's coordination service "
+        # Which transport carried each round's bytes: a job that meant UCX
+        # but fell back shows here, not only in the last round's metrics.
+        carried = [",".join(t for t, c in (r.get("metrics") or {}).get("transports", {}).items()
+                            if c.get("bytes_received")) or "?"
+                   for r in results["rounds"]["variants"][label]]
+        print(f"crosshost {label}: bytes carried by (per round): {' / '.join(carried)}; "
+              f"transfer keys left in JAX's coordination service "
               f"(all rounds): {keys}; receiver's metrics (last round): {report.get('metrics')}")
     if args.json:
         with open(args.json, "w") as f:
