@@ -8,6 +8,14 @@
 # Needs, carried with the working tree (both are git-ignored):
 #   pjrt_c_api/            the PJRT header (scripts/fetch-pjrt-header.sh)
 #   vendor/crates.tar.gz   or vendor/crates/ (scripts/vendor-crates.sh)
+# or, for a GPU machine without cargo (the lent H200's image has none), the
+# binaries built elsewhere: `scripts/gpu-check.sh --prepare` builds them here
+# into target/gpu-prebuilt/ (stripped, ~15 MiB: the CUDA test binary, the GPU
+# benchmark, the plugin); carry that folder and pjrt_c_api/ and run
+# `GPU_CHECK_PREBUILT=target/gpu-prebuilt scripts/gpu-check.sh`. CUDA is
+# loaded at run time, so binaries built without a driver run on the GPU.
+# With python3, pytest and numpy there, the ctypes CUDA tests
+# (python_tests/test_cuda_backend.py) run too.
 #
 # Logs go to $OUT when set (else target/gpu-check): build.log, cuda-tests.log,
 # gpu-bench.log, summary.txt. Everything is bounded to finish inside ~7.5
@@ -21,6 +29,24 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
+prebuilt_dir="$root/target/gpu-prebuilt"
+
+if [ "${1:-}" = "--prepare" ]; then
+  set -e
+  cargo build --release --lib --bin crosshost-gpu-bench
+  tests_exe=$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        print(m["executable"])')
+  mkdir -p "$prebuilt_dir"
+  strip -o "$prebuilt_dir/cuda-tests" "$tests_exe"
+  strip -o "$prebuilt_dir/crosshost-gpu-bench" target/release/crosshost-gpu-bench
+  strip -o "$prebuilt_dir/libpjrt_crosshost.so" target/release/libpjrt_crosshost.so
+  echo "gpu-check: prepared $prebuilt_dir ($(du -sh "$prebuilt_dir" | cut -f1)): carry it with pjrt_c_api/"
+  exit 0
+fi
 start=$(date +%s)
 budget=${GPU_CHECK_BUDGET_S:-450}
 out="${OUT:-$root/target/gpu-check}"
@@ -41,23 +67,6 @@ remaining() {
 # ---- inputs -------------------------------------------------------------------
 header="pjrt_c_api/xla/pjrt/c/pjrt_c_api.h"
 [ -f "$header" ] || fail "$header is missing: carry pjrt_c_api/ with the working tree (made by scripts/fetch-pjrt-header.sh)"
-command -v cargo >/dev/null || fail "cargo not found on this machine"
-
-if [ ! -d vendor/crates ]; then
-  [ -f vendor/crates.tar.gz ] || fail "no vendored crates: run scripts/vendor-crates.sh where crates.io is reachable and carry vendor/crates.tar.gz"
-  tar -C vendor -xzf vendor/crates.tar.gz || fail "unpacking vendor/crates.tar.gz"
-fi
-# Absolute path: the config must name this machine's copy.
-cat > vendor/config.toml <<TOML
-[source.crates-io]
-replace-with = "vendored-sources"
-
-[source.vendored-sources]
-directory = "$root/vendor/crates"
-TOML
-cargo_offline=(--release --offline --config vendor/config.toml)
-# The etcd client's build needs protoc; the GPU checks do not need etcd.
-if ! command -v protoc >/dev/null; then cargo_offline+=(--no-default-features); fi
 
 {
   echo "host: $(uname -n) $(uname -m), $(nproc) cores"
@@ -66,22 +75,52 @@ if ! command -v protoc >/dev/null; then cargo_offline+=(--no-default-features); 
   else
     echo "gpu: nvidia-smi not found"
   fi
-  cargo --version
 } | tee -a "$summary"
 
-# ---- build --------------------------------------------------------------------
-say "building (release, offline) ..."
-t=$(date +%s)
-if ! timeout "$(remaining)" cargo build "${cargo_offline[@]}" --lib --bins >"$out/build.log" 2>&1 ||
-   ! timeout "$(remaining)" cargo test "${cargo_offline[@]}" --test cuda --no-run >>"$out/build.log" 2>&1; then
-  tail -30 "$out/build.log"
-  fail "build (log: $out/build.log)"
+if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
+  bin_dir="$(cd "$GPU_CHECK_PREBUILT" && pwd)" || fail "GPU_CHECK_PREBUILT=$GPU_CHECK_PREBUILT is not a folder"
+  for f in cuda-tests crosshost-gpu-bench libpjrt_crosshost.so; do
+    [ -f "$bin_dir/$f" ] || fail "$bin_dir/$f is missing: run scripts/gpu-check.sh --prepare where cargo is"
+  done
+  cuda_tests=("$bin_dir/cuda-tests")
+  bench_exe="$bin_dir/crosshost-gpu-bench"
+  plugin="$bin_dir/libpjrt_crosshost.so"
+  say "using the binaries in $bin_dir (built elsewhere)"
+else
+  command -v cargo >/dev/null || fail "cargo not found on this machine (build elsewhere with --prepare and set GPU_CHECK_PREBUILT)"
+  if [ ! -d vendor/crates ]; then
+    [ -f vendor/crates.tar.gz ] || fail "no vendored crates: run scripts/vendor-crates.sh where crates.io is reachable and carry vendor/crates.tar.gz"
+    tar -C vendor -xzf vendor/crates.tar.gz || fail "unpacking vendor/crates.tar.gz"
+  fi
+  # Absolute path: the config must name this machine's copy.
+  cat > vendor/config.toml <<TOML
+[source.crates-io]
+replace-with = "vendored-sources"
+
+[source.vendored-sources]
+directory = "$root/vendor/crates"
+TOML
+  cargo_offline=(--release --offline --config vendor/config.toml)
+  # The etcd client's build needs protoc; the GPU checks do not need etcd.
+  if ! command -v protoc >/dev/null; then cargo_offline+=(--no-default-features); fi
+  cargo --version | tee -a "$summary"
+
+  say "building (release, offline) ..."
+  t=$(date +%s)
+  if ! timeout "$(remaining)" cargo build "${cargo_offline[@]}" --lib --bins >"$out/build.log" 2>&1 ||
+     ! timeout "$(remaining)" cargo test "${cargo_offline[@]}" --test cuda --no-run >>"$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    fail "build (log: $out/build.log)"
+  fi
+  say "built in $(( $(date +%s) - t )) s"
+  cuda_tests=(cargo test "${cargo_offline[@]}" --test cuda)
+  bench_exe="$target_dir/release/crosshost-gpu-bench"
+  plugin="$target_dir/release/libpjrt_crosshost.so"
 fi
-say "built in $(( $(date +%s) - t )) s"
 
 # ---- CUDA tests ---------------------------------------------------------------
 say "running tests/cuda.rs ..."
-timeout "$(remaining)" cargo test "${cargo_offline[@]}" --test cuda >"$out/cuda-tests.log" 2>&1
+timeout "$(remaining)" "${cuda_tests[@]}" >"$out/cuda-tests.log" 2>&1
 tests_rc=$?
 grep -E "^test |^cuda tests:" "$out/cuda-tests.log"
 tests_line=$(grep -E "^cuda tests:" "$out/cuda-tests.log" || echo "cuda tests: no summary (rc $tests_rc)")
@@ -92,8 +131,20 @@ if grep -q "SKIPPED: no CUDA driver/device" "$out/cuda-tests.log"; then
   say "NO USABLE GPU: $(grep -m1 -o 'SKIPPED: no CUDA driver/device: .*' "$out/cuda-tests.log")"
 fi
 
+# ---- ctypes CUDA tests (the plugin through its C API) ----------------------------
+pytest_line="ctypes cuda tests: not run (no python3 with pytest and numpy)"
+if command -v python3 >/dev/null && python3 -c "import pytest, numpy" >/dev/null 2>&1; then
+  say "running python_tests/test_cuda_backend.py ..."
+  PJRT_CROSSHOST_LIB="$plugin" timeout "$(remaining)" python3 -m pytest -q -p no:cacheprovider \
+    python_tests/test_cuda_backend.py >"$out/ctypes-tests.log" 2>&1
+  pytest_rc=$?
+  pytest_line="ctypes cuda tests: $(tail -1 "$out/ctypes-tests.log")"
+  say "$pytest_line"
+  [ "$pytest_rc" -eq 0 ] || { tail -30 "$out/ctypes-tests.log"; fail "ctypes CUDA tests (log: $out/ctypes-tests.log)"; }
+fi
+
 # ---- benchmark ----------------------------------------------------------------
-bench_args=(--lib "$target_dir/release/libpjrt_crosshost.so")
+bench_args=(--lib "$plugin")
 [ "${GPU_CHECK_QUICK:-0}" = 1 ] && bench_args+=(--quick)
 if [ "$no_gpu" = 1 ]; then
   if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
@@ -106,7 +157,7 @@ if [ "$no_gpu" = 1 ]; then
   fi
 fi
 say "running crosshost-gpu-bench ${bench_args[*]} ..."
-timeout "$(remaining)" "$target_dir/release/crosshost-gpu-bench" "${bench_args[@]}" \
+timeout "$(remaining)" "$bench_exe" "${bench_args[@]}" \
   >"$out/gpu-bench.log" 2>"$out/gpu-bench.stderr.log"
 bench_rc=$?
 if [ "$bench_rc" -ne 0 ]; then
@@ -118,5 +169,6 @@ fi
 # ---- summary (last) -------------------------------------------------------------
 echo
 say "$tests_line"
+say "$pytest_line"
 say "total $(elapsed) s; logs in $out"
 tee -a "$summary" < "$out/gpu-bench.log"
