@@ -373,6 +373,106 @@ fn v1_receive_then_send_in_one_client_and_cancellation() -> TestResult {
     Ok(Verdict::Passed)
 }
 
+/// The IPC handle of a CUDA buffer's memory.
+fn ipc_handle_of(buffer: &Buffer) -> Result<Vec<u8>, String> {
+    let allocation = buffer.allocation("t").map_err(|e| e.to_string())?;
+    let cuda = allocation.as_cuda().ok_or("not CUDA memory")?;
+    Ok(cuda.ipc_handle().map_err(|e| e.to_string())?.to_vec())
+}
+
+fn shelved_bytes(backend: &CudaBackend) -> Result<usize, String> {
+    Ok(backend
+        .device(0)
+        .map_err(|e| e.to_string())?
+        .shelved_receive_bytes())
+}
+
+/// One v1 receive of `data.len()` bytes on device 0: its buffer and handle,
+/// and whether it is cancelled instead of sent to.
+fn receive_once(client: &Client, data: &[u8], cancel: bool) -> Result<Vec<u8>, String> {
+    let device = client.devices()[0].clone();
+    let (buffers, descriptors) = client
+        .make_receive_buffers(&device, vec![u8_shape(data.len())], "t")
+        .map_err(|e| e.to_string())?;
+    let buffer = buffers
+        .into_iter()
+        .find_map(|b| b.into_embedded())
+        .ok_or("no receive buffer")?;
+    let handle = ipc_handle_of(&buffer)?;
+    if cancel {
+        client
+            .cancel_receive(&descriptors[0], status::cancelled("test cancels"), "t")
+            .map_err(|e| e.to_string())?;
+        let outcome = buffer
+            .definition()
+            .wait_timeout(PATIENCE)
+            .ok_or("cancelled buffer never became ready")?;
+        check!(outcome.is_err(), "a cancelled receive succeeded");
+    } else {
+        let source = upload(client, &device, data)?;
+        client
+            .send_to_descriptor(source.into(), &descriptors[0], "t")
+            .map_err(|e| e.to_string())?
+            .wait_timeout(PATIENCE)
+            .ok_or("send never finished")?
+            .map_err(|e| e.to_string())?;
+        check!(download(&buffer)? == data, "received bytes differ");
+    }
+    eventually("the receive is retired", || {
+        client.transfers().outstanding_receives() == 0
+    })?;
+    Ok(handle)
+}
+
+fn a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_is_not(
+) -> TestResult {
+    let backend = require_cuda!();
+    if std::env::var("PJRT_CROSSHOST_CUDA_REUSE_BYTES").as_deref() == Ok("0") {
+        return Ok(Verdict::Skipped(
+            "PJRT_CROSSHOST_CUDA_REUSE_BYTES=0 turns reuse off".into(),
+        ));
+    }
+    let client = cuda_client()?;
+    // Sizes no other test receives, so the shelf holds none of them yet.
+    let (kept, cancelled) = ((3 << 20) + 7, (5 << 20) + 9);
+    let before = shelved_bytes(&backend)?;
+    let first = receive_once(&client, &pattern(kept, 1), false)?;
+    eventually(
+        "the received buffer's memory is on the receive shelf",
+        || {
+            shelved_bytes(&backend)
+                .map(|b| b == before + kept)
+                .unwrap_or(false)
+        },
+    )?;
+    // The next receive of that size takes it, handle and all, and still gets
+    // exactly the new bytes.
+    let second = receive_once(&client, &pattern(kept, 2), false)?;
+    check!(
+        second == first,
+        "a receive of the same size did not reuse the shelved memory"
+    );
+    eventually("the memory is back on the shelf", || {
+        shelved_bytes(&backend)
+            .map(|b| b == before + kept)
+            .unwrap_or(false)
+    })?;
+    // A cancelled receive's memory is freed, never shelved: a late sender may
+    // still write into it.
+    let cancelled_handle = receive_once(&client, &pattern(cancelled, 3), true)?;
+    check!(
+        shelved_bytes(&backend)? == before + kept,
+        "a cancelled receive's memory went on the shelf ({} bytes shelved)",
+        shelved_bytes(&backend)?
+    );
+    let after = receive_once(&client, &pattern(cancelled, 4), false)?;
+    check!(
+        after != cancelled_handle,
+        "a receive reused the memory of a cancelled one"
+    );
+    Ok(Verdict::Passed)
+}
+
 // --------------------------------- harness ------------------------------------
 
 fn main() {
@@ -412,6 +512,10 @@ fn main() {
         (
             "v1_receive_then_send_in_one_client_and_cancellation",
             v1_receive_then_send_in_one_client_and_cancellation,
+        ),
+        (
+            "a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_is_not",
+            a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_is_not,
         ),
     ];
     let filter: Vec<String> = std::env::args()

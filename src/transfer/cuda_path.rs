@@ -4,12 +4,24 @@
 //!
 //! - receive (`open_destination`): a destination on a CUDA device is a
 //!   `cuMemAlloc` allocation whose IPC handle goes into the descriptor
-//!   (`AllocationHandle::CudaIpc`, offset 0);
+//!   (`AllocationHandle::CudaIpc`, offset 0). When a receive succeeds its
+//!   memory, once its buffer is gone, waits on the device's receive shelf
+//!   for the next receive of the same size, handle unchanged
+//!   (`CudaMemory::allocate_exported`);
 //! - send (`copy_to_destination`): a sender on the same node maps the handle
-//!   (`IpcImport`, shared per handle and closed after its last use), copies
+//!   (`IpcImport`, shared per handle; after its last use the mapping waits
+//!   on a shelf of idle mappings for the next send to that handle), copies
 //!   device-to-device on its device's stream and waits for the copy; the
 //!   service sets the completion key only after this returns, so the
 //!   receiver never observes the key before the bytes are in its memory.
+//!
+//! Why the shelves: mapping another process's allocation
+//! (`cuIpcOpenMemHandle`) costs hundreds of microseconds, more than the copy
+//! itself up to hundreds of MiB on an H200, and a fresh allocation has a
+//! fresh handle that every sender must map again. Reuse follows the rule of
+//! the shared-memory pool: only memory whose receive succeeded is reused
+//! (its sender's copy completed before the receipt); a cancelled, timed-out
+//! or failed receive's memory is freed when its buffer goes.
 //!
 //! A process cannot open its own IPC handles, so destinations are also
 //! registered here by handle, and a sender in the receiver's own process
@@ -27,7 +39,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::descriptor::{AllocationHandle, Descriptor, CUDA_IPC_HANDLE_LEN};
-use crate::backend::cuda::{self, CudaBackend, IpcImport, IPC_HANDLE_LEN};
+use crate::backend::cuda::{self, CudaBackend, CudaMemory, IpcImport, IPC_HANDLE_LEN};
 use crate::backend::{Allocation, DeviceMemory, DevicePlacement};
 use crate::status::{self, Outcome, Result};
 
@@ -65,9 +77,15 @@ impl CudaDestination {
     /// Call once the receive has its terminal outcome: senders in this
     /// process can no longer find the destination. (Senders elsewhere may
     /// still hold a mapping; the memory itself lives as long as the buffer.)
-    pub fn release(&self) {
+    /// After a success the memory may be reused once its buffer is gone.
+    pub fn release(&self, outcome: &Outcome) {
         if let Some(handle) = &self.handle {
             LOCAL_DESTINATIONS.lock().remove(handle);
+        }
+        if outcome.is_ok() {
+            if let Some(cuda) = self.memory.as_cuda() {
+                cuda.mark_reusable();
+            }
         }
     }
 }
@@ -88,20 +106,22 @@ pub fn open_destination(
              senders use CUDA IPC, or create the client with backend=host"
         )));
     }
-    let memory = placement.allocate(byte_size)?;
     if byte_size == 0 {
         return Ok(CudaDestination {
-            memory,
+            memory: placement.allocate(0)?,
             handle: None,
         });
     }
-    let cuda = memory.as_cuda().ok_or_else(|| {
-        status::internal(format!(
-            "{function}: the {} backend's allocation is not CUDA memory",
+    if placement.backend.name() != "cuda" {
+        return Err(status::internal(format!(
+            "{function}: a CUDA destination on the {} backend",
             placement.backend.name()
-        ))
-    })?;
-    let handle = cuda.ipc_handle()?;
+        )));
+    }
+    let device = CudaBackend::get()?.device(placement.index)?.clone();
+    let exported = CudaMemory::allocate_exported(device, byte_size, placement.counters.clone())?;
+    let handle = exported.ipc_handle()?;
+    let memory: Allocation = Arc::new(exported);
     LOCAL_DESTINATIONS
         .lock()
         .insert(handle, Arc::downgrade(&memory));
@@ -166,8 +186,14 @@ pub fn copy_to_destination(
     };
     let import = IpcImport::open(&device, handle)
         .map_err(|e| status::Status::new(e.code, format!("{function}: {}", e.message)))?;
+    crate::timeline!(
+        "send to {}: CUDA IPC handle mapped",
+        descriptor.completion_key
+    );
     cuda::copy_into_import(&**source, &import, offset)
-        .map_err(|e| status::Status::new(e.code, format!("{function}: {}", e.message)))
+        .map_err(|e| status::Status::new(e.code, format!("{function}: {}", e.message)))?;
+    crate::timeline!("send to {}: CUDA copy done", descriptor.completion_key);
+    Ok(())
 }
 
 fn copy_within_process(

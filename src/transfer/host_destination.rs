@@ -186,7 +186,7 @@ impl Destination {
     pub fn release(&self, outcome: &Outcome) {
         match self {
             Destination::Host(host) => host.release(outcome),
-            Destination::Cuda(cuda) => cuda.release(),
+            Destination::Cuda(cuda) => cuda.release(outcome),
         }
     }
 }

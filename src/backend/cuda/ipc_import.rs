@@ -1,5 +1,8 @@
 //! IPC imports (sender side): a receiver's exported memory mapped into this
-//! process, one mapping per handle and device, shared by concurrent users.
+//! process, one mapping per handle and device, shared by concurrent users,
+//! and kept on a shelf of idle mappings after its last use: receivers reuse
+//! exported memory (the receive shelf, `CudaMemory::allocate_exported`), so
+//! the next send to the same handle finds it mapped.
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -17,18 +20,69 @@ use super::*;
 type ImportKey = ([u8; IPC_HANDLE_LEN], i32);
 
 struct ImportEntry {
-    pub(super) pointer: sys::CUdeviceptr,
-    pub(super) len: usize,
-    pub(super) users: usize,
+    device: Arc<CudaDevice>,
+    pointer: sys::CUdeviceptr,
+    len: usize,
+    users: usize,
 }
 
-/// Open IPC mappings of this process, by handle and importing device. A
-/// handle opened twice in one context is an error for the driver, so
-/// concurrent users share one mapping; the last one closes it.
-static IMPORTS: Lazy<Mutex<HashMap<ImportKey, ImportEntry>>> = Lazy::new(Default::default);
+/// This process's IPC mappings. A handle opened twice in one context is an
+/// error for the driver, so concurrent users share one mapping (`in_use`);
+/// after the last one it moves to `idle` until a send to that handle takes
+/// it back or the shelf's bound closes it. A receiver frees memory another
+/// process may still have on its idle shelf only when the memory leaves its
+/// own receive shelf or its receive failed; the driver keeps memory a
+/// mapping still holds until that mapping is closed, so the idle shelf's
+/// bound also bounds what it keeps of other processes' freed memory.
+struct Imports {
+    in_use: HashMap<ImportKey, ImportEntry>,
+    idle: Option<Shelf<ImportKey, ImportEntry>>,
+}
+
+impl Imports {
+    fn idle(&mut self, device: &CudaDevice) -> &mut Shelf<ImportKey, ImportEntry> {
+        self.idle
+            .get_or_insert_with(|| Shelf::new(reuse_bound(device.total_memory)))
+    }
+}
+
+static IMPORTS: Lazy<Mutex<Imports>> = Lazy::new(|| {
+    Mutex::new(Imports {
+        in_use: HashMap::new(),
+        idle: None,
+    })
+});
+
+/// Closes mappings no user holds (off the shelf already).
+fn close_all(entries: Vec<ImportEntry>) {
+    for entry in entries {
+        let closed = entry.device.activate().and_then(|()| {
+            // SAFETY: opened by cuIpcOpenMemHandle in `open`; no user holds
+            // it (it left the idle shelf) and every copy into it was
+            // synchronized before its user let go.
+            unsafe { sys::cuIpcCloseMemHandle(entry.pointer) }
+                .result()
+                .map_err(|e| driver_error("cuIpcCloseMemHandle", e))
+        });
+        if let Err(e) = closed {
+            log::error!("closing a CUDA IPC mapping: {e}");
+        }
+    }
+}
+
+/// Number of idle IPC mappings of this process and the bytes they span.
+pub fn idle_ipc_mappings() -> (usize, usize) {
+    let imports = IMPORTS.lock();
+    imports
+        .idle
+        .as_ref()
+        .map(|idle| (idle.len(), idle.held()))
+        .unwrap_or((0, 0))
+}
 
 /// Another process's allocation, mapped into this process through its IPC
-/// handle on one of our devices. Closed when the last user drops it.
+/// handle on one of our devices. Back on the idle shelf when the last user
+/// drops it.
 pub struct IpcImport {
     pub(super) device: Arc<CudaDevice>,
     pub(super) key: ImportKey,
@@ -53,7 +107,7 @@ impl IpcImport {
     pub fn open(device: &Arc<CudaDevice>, handle: &[u8; IPC_HANDLE_LEN]) -> Result<IpcImport> {
         let key = (*handle, device.ordinal);
         let mut imports = IMPORTS.lock();
-        if let Some(entry) = imports.get_mut(&key) {
+        if let Some(entry) = imports.in_use.get_mut(&key) {
             entry.users += 1;
             return Ok(IpcImport {
                 device: device.clone(),
@@ -62,21 +116,30 @@ impl IpcImport {
                 len: entry.len,
             });
         }
-        device.activate()?;
-        let raw = sys::CUipcMemHandle {
-            reserved: handle.map(|b| b as _),
-        };
-        let mut pointer: sys::CUdeviceptr = 0;
-        // SAFETY: `pointer` is a valid out-parameter; the driver validates
-        // the handle bytes (a forged handle is an error, not a mapping).
-        unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut pointer,
-                raw,
-                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-            )
+        if let Some(mut entry) = imports.idle(device).take(&key) {
+            entry.users = 1;
+            let import = IpcImport {
+                device: device.clone(),
+                key,
+                pointer: entry.pointer,
+                len: entry.len,
+            };
+            imports.in_use.insert(key, entry);
+            return Ok(import);
         }
-        .result()
+        device.activate()?;
+        let pointer = match map_handle(handle) {
+            // An idle mapping may be what stands in the way: a mapping of
+            // memory its exporter freed, whose address range a new
+            // allocation of the exporter now reuses, or simply resources.
+            // Close them all and try once more.
+            Err(_) if !imports.idle(device).is_empty() => {
+                close_all(imports.idle(device).drain());
+                device.activate()?;
+                map_handle(handle)
+            }
+            other => other,
+        }
         .map_err(|e| {
             let e = driver_error("cuIpcOpenMemHandle", e);
             Status::new(
@@ -104,9 +167,10 @@ impl IpcImport {
                 return Err(e);
             }
         };
-        imports.insert(
+        imports.in_use.insert(
             key,
             ImportEntry {
+                device: device.clone(),
                 pointer,
                 len,
                 users: 1,
@@ -137,25 +201,41 @@ impl IpcImport {
 impl Drop for IpcImport {
     fn drop(&mut self) {
         let mut imports = IMPORTS.lock();
-        let Some(entry) = imports.get_mut(&self.key) else {
+        let Some(entry) = imports.in_use.get_mut(&self.key) else {
             return;
         };
         entry.users -= 1;
         if entry.users > 0 {
             return;
         }
-        imports.remove(&self.key);
-        let closed = self.device.activate().and_then(|()| {
-            // SAFETY: opened by cuIpcOpenMemHandle in `open`; the last user is
-            // gone and every copy into it was synchronized.
-            unsafe { sys::cuIpcCloseMemHandle(self.pointer) }
-                .result()
-                .map_err(|e| driver_error("cuIpcCloseMemHandle", e))
-        });
-        if let Err(e) = closed {
-            log::error!("closing a CUDA IPC mapping: {e}");
-        }
+        let Some(entry) = imports.in_use.remove(&self.key) else {
+            return;
+        };
+        let evicted = imports.idle(&self.device).put(self.key, entry.len, entry);
+        drop(imports);
+        close_all(evicted);
     }
+}
+
+/// `cuIpcOpenMemHandle` of `handle` in the current context.
+fn map_handle(
+    handle: &[u8; IPC_HANDLE_LEN],
+) -> std::result::Result<sys::CUdeviceptr, result::DriverError> {
+    let raw = sys::CUipcMemHandle {
+        reserved: handle.map(|b| b as _),
+    };
+    let mut pointer: sys::CUdeviceptr = 0;
+    // SAFETY: `pointer` is a valid out-parameter; the driver validates the
+    // handle bytes (a forged handle is an error, not a mapping).
+    unsafe {
+        sys::cuIpcOpenMemHandle_v2(
+            &mut pointer,
+            raw,
+            sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+        )
+    }
+    .result()?;
+    Ok(pointer)
 }
 
 /// Copies all of `src` into `import` at `offset` and waits for it: a

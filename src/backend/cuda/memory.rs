@@ -1,5 +1,6 @@
 //! Device memory from `cuMemAlloc`, and copies between devices.
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::result;
@@ -12,7 +13,9 @@ use crate::status::{self, Result};
 use super::*;
 
 /// One `cuMemAlloc` allocation, zero-initialised, freed when dropped (that
-/// is, when the last buffer or transfer holding it lets go).
+/// is, when the last buffer or transfer holding it lets go), or, for an
+/// exported receive destination whose receive succeeded, put on its
+/// device's receive shelf for the next receive of the same size.
 pub struct CudaMemory {
     pub(super) device: Arc<CudaDevice>,
     /// 0 for a zero-sized allocation (the driver refuses those).
@@ -20,6 +23,10 @@ pub struct CudaMemory {
     pub(super) len: usize,
     pub(super) counters: Arc<MemoryCounters>,
     pub(super) ipc_handle: OnceCell<[u8; IPC_HANDLE_LEN]>,
+    /// Set once the receive this memory was the destination of succeeded:
+    /// its sender's copy completed before the receipt, so no write of that
+    /// transfer can still arrive, and the memory may be reused.
+    pub(super) reusable: AtomicBool,
 }
 
 impl fmt::Debug for CudaMemory {
@@ -42,14 +49,13 @@ impl CudaMemory {
             0
         } else {
             device.activate()?;
-            // SAFETY: a plain allocation in the (current) primary context;
-            // the pointer is owned by the returned object and freed in drop.
-            let pointer = unsafe { result::malloc_sync(len) }.map_err(|e| {
-                driver_error(
-                    &format!("cuMemAlloc of {len} bytes on device {}", device.ordinal),
-                    e,
-                )
-            })?;
+            let pointer = match device.malloc(len) {
+                // Memory on the receive shelf is the first to give back.
+                Err(e) if e.code == Code::ResourceExhausted && device.empty_receive_shelf() => {
+                    device.malloc(len)
+                }
+                other => other,
+            }?;
             // Zero it like the host backend does, so that no previous
             // process's or buffer's bytes are ever visible.
             // SAFETY: `pointer` holds `len` bytes; the stream belongs to the
@@ -71,7 +77,48 @@ impl CudaMemory {
             len,
             counters,
             ipc_handle: OnceCell::new(),
+            reusable: AtomicBool::new(false),
         })
+    }
+
+    /// Memory for a receive destination, exported: the newest memory of
+    /// this exact size on the device's receive shelf (its IPC handle, and
+    /// so every sender's mapping of it, stays the same), else a new
+    /// allocation. Shelved memory is not zeroed again: it held a buffer of
+    /// this same process, and a destination's bytes are readable only once
+    /// its one transfer overwrote all of them (a failed receive's buffer
+    /// carries the error instead).
+    pub fn allocate_exported(
+        device: Arc<CudaDevice>,
+        len: usize,
+        counters: Arc<MemoryCounters>,
+    ) -> Result<CudaMemory> {
+        if len > 0 {
+            if let Some(shelved) = device.take_shelved_receive_memory(len) {
+                counters.allocated(len);
+                let memory = CudaMemory {
+                    device,
+                    pointer: shelved.pointer,
+                    len,
+                    counters,
+                    ipc_handle: OnceCell::with_value(shelved.handle),
+                    reusable: AtomicBool::new(false),
+                };
+                return Ok(memory);
+            }
+        }
+        let memory = CudaMemory::allocate(device, len, counters)?;
+        if len > 0 {
+            memory.ipc_handle()?;
+        }
+        Ok(memory)
+    }
+
+    /// Marks this memory as the destination of a receive that succeeded:
+    /// when its last holder lets go it goes on the receive shelf (if it was
+    /// exported and fits) instead of back to the driver.
+    pub fn mark_reusable(&self) {
+        self.reusable.store(true, Ordering::Release);
     }
 
     pub fn device(&self) -> &Arc<CudaDevice> {
@@ -161,6 +208,17 @@ impl DeviceMemory for CudaMemory {
 
 impl Drop for CudaMemory {
     fn drop(&mut self) {
+        self.counters.freed(self.len);
+        if self.pointer != 0 && self.reusable.load(Ordering::Acquire) {
+            if let Some(handle) = self.ipc_handle.get() {
+                self.device.shelve_receive_memory(ShelvedMemory {
+                    pointer: self.pointer,
+                    len: self.len,
+                    handle: *handle,
+                });
+                return;
+            }
+        }
         if self.pointer != 0 {
             // Every copy of this process touching the allocation was
             // synchronized before its call returned, so nothing is in flight
@@ -170,18 +228,19 @@ impl Drop for CudaMemory {
             // bytes land before its receipt), but after a cancellation or a
             // timeout the buffer may be freed while a late sender still
             // copies; what the driver does then is not documented.
-            let freed = self.device.activate().and_then(|()| {
-                // SAFETY: allocated by cuMemAlloc in `allocate`, freed only
-                // here, no copy in flight (see above).
-                unsafe { result::memory_free(self.pointer) }
-                    .map_err(|e| driver_error("cuMemFree", e))
-            });
-            if let Err(e) = freed {
-                log::error!("freeing {} CUDA bytes: {e}", self.len);
-            }
+            // SAFETY: allocated by cuMemAlloc in `allocate`, freed only
+            // here, no copy in flight (see above).
+            unsafe { self.device.free(self.pointer, self.len) };
         }
-        self.counters.freed(self.len);
     }
+}
+
+/// Exported receive memory on its device's shelf: no buffer holds it, its
+/// IPC handle is unchanged, senders may still have it mapped.
+pub(super) struct ShelvedMemory {
+    pub(super) pointer: sys::CUdeviceptr,
+    pub(super) len: usize,
+    pub(super) handle: [u8; IPC_HANDLE_LEN],
 }
 
 /// Copies all of `src` into `dst` at `dst_offset`, both in this process, on

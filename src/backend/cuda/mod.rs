@@ -28,6 +28,7 @@ mod device;
 mod ipc_import;
 mod memory;
 mod probe;
+mod shelf;
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,6 +46,7 @@ pub use device::*;
 pub use ipc_import::*;
 pub use memory::*;
 use probe::probe;
+use shelf::Shelf;
 
 /// Length of a `CUipcMemHandle`.
 pub const IPC_HANDLE_LEN: usize = 64;
