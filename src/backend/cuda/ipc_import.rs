@@ -133,8 +133,14 @@ impl IpcImport {
             // memory its exporter freed, whose address range a new
             // allocation of the exporter now reuses, or simply resources.
             // Close them all and try once more.
-            Err(_) if !imports.idle(device).is_empty() => {
-                close_all(imports.idle(device).drain());
+            Err(e) if !imports.idle(device).is_empty() => {
+                let idle = imports.idle(device).drain();
+                log::info!(
+                    "mapping a CUDA IPC handle failed ({}); closing {} idle mappings and trying again",
+                    driver_error("cuIpcOpenMemHandle", e).message,
+                    idle.len()
+                );
+                close_all(idle);
                 device.activate()?;
                 map_handle(handle)
             }

@@ -80,13 +80,14 @@ fn main() {
             &backend,
         )
     } else if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: crosshost-gpu-bench [--quick] [--lib PATH] [--backend cuda|host]\n  two-process GPU transfer benchmark (backend=cuda)");
+        println!("usage: crosshost-gpu-bench [--quick] [--lib PATH] [--backend cuda|host] [--receiver-reuse-off]\n  two-process GPU transfer benchmark (backend=cuda)\n  --receiver-reuse-off: the receiving process frees every destination (PJRT_CROSSHOST_CUDA_REUSE_BYTES=0 for it\n  alone) while the sender keeps its mappings: each receive's new memory must still get the bytes");
         Ok(())
     } else {
         run_parent(
             &library_path(flag("--lib")),
             args.iter().any(|a| a == "--quick"),
             &backend,
+            args.iter().any(|a| a == "--receiver-reuse-off"),
         )
     };
     if let Err(e) = result {
@@ -175,7 +176,7 @@ fn human(bytes: usize) -> String {
     }
 }
 
-fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
+fn run_parent(lib: &str, quick: bool, backend_name: &str, receiver_reuse_off: bool) -> Result<()> {
     let choice = match backend_name {
         "cuda" => BackendChoice::Cuda,
         "host" => BackendChoice::Host,
@@ -201,7 +202,15 @@ fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
     kv::serve(store.clone(), &socket).map_err(|e| format!("KV server: {e}"))?;
     let session = format!("gpu-bench-{}", std::process::id());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
+    let mut receiver = Command::new(exe);
+    if receiver_reuse_off {
+        // The receiver frees each destination once its buffer goes, so the
+        // next receive's memory (often at the same device address) comes
+        // with a new IPC handle while this sender still has the old memory
+        // mapped: the case a mapping cache keyed by handle must get right.
+        receiver.env("PJRT_CROSSHOST_CUDA_REUSE_BYTES", "0");
+    }
+    let child = receiver
         .args([
             "--child",
             socket.to_str().unwrap(),
@@ -291,9 +300,14 @@ fn run_parent(lib: &str, quick: bool, backend_name: &str) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!(
-        "\npjrt-crosshost GPU benchmark: two processes, {} (device 0), backend={}, v2 send/receive",
+        "\npjrt-crosshost GPU benchmark: two processes, {} (device 0), backend={}, v2 send/receive{}",
         backend.device_kind(0),
-        backend.name()
+        backend.name(),
+        if receiver_reuse_off {
+            "; the receiver frees every destination, the sender keeps its mappings"
+        } else {
+            ""
+        }
     );
     println!("sender metrics: {metrics}");
     println!(
