@@ -387,8 +387,9 @@ fn shelved_bytes(backend: &CudaBackend) -> Result<usize, String> {
         .shelved_receive_bytes())
 }
 
-/// One v1 receive of `data.len()` bytes on device 0: its buffer and handle,
-/// and whether it is cancelled instead of sent to.
+/// One v1 receive of `data.len()` bytes on device 0, sent `data` or, with
+/// `cancel`, cancelled instead; returns its memory's IPC handle once the
+/// receive is retired (its buffer goes when this returns).
 fn receive_once(client: &Client, data: &[u8], cancel: bool) -> Result<Vec<u8>, String> {
     let device = client.devices()[0].clone();
     let (buffers, descriptors) = client

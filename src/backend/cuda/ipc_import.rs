@@ -70,16 +70,6 @@ fn close_all(entries: Vec<ImportEntry>) {
     }
 }
 
-/// Number of idle IPC mappings of this process and the bytes they span.
-pub fn idle_ipc_mappings() -> (usize, usize) {
-    let imports = IMPORTS.lock();
-    imports
-        .idle
-        .as_ref()
-        .map(|idle| (idle.len(), idle.held()))
-        .unwrap_or((0, 0))
-}
-
 /// Another process's allocation, mapped into this process through its IPC
 /// handle on one of our devices. Back on the idle shelf when the last user
 /// drops it.

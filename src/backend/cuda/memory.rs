@@ -48,7 +48,6 @@ impl CudaMemory {
         let pointer = if len == 0 {
             0
         } else {
-            device.activate()?;
             let pointer = match device.malloc(len) {
                 // Memory on the receive shelf is the first to give back.
                 Err(e) if e.code == Code::ResourceExhausted && device.empty_receive_shelf() => {

@@ -30,6 +30,7 @@ impl<K: PartialEq, V> Shelf<K, V> {
         self.held
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
