@@ -9,6 +9,8 @@
 #     libucx-dev: its header, for tests/ucx_layout.rs), and iproute2 (the
 #     two-host test bed, scripts/two-hosts.sh), from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
+#   - UCX 1.22 (the libucx-cu12 wheel) from PyPI: the plugin uses no UCX
+#     before 1.14, and Debian's libucx0 is 1.13;
 #   - jax and jaxlib 0.10.2 for python_tests/test_jax_*.py, from PyPI (a
 #     failure only warns: those tests then skip, saying why);
 #   - the compute plugins the delegation tests run on: fastatomstruct-xla-cpu
@@ -80,6 +82,17 @@ if ! "$PYTHON" -c "import fastatomstruct_xla_cpu, pypjrt" >/dev/null 2>&1; then
   say "installing $COMPUTE_CPU and pypjrt==0.1.1 with pip"
   pip_install "$PYTHON" "$COMPUTE_CPU" "pypjrt==0.1.1" ||
     say "WARNING: could not install $COMPUTE_CPU / pypjrt; the delegation tests will be skipped"
+fi
+
+# UCX 1.14 or later for the data plane between hosts: Debian's libucx0 is
+# 1.13, which a stranger's failed wire-up aborts, so the plugin does not use
+# it (src/transport/ucx/library.rs). The libucx wheel carries 1.22; the
+# tests point the plugin at it (scripts/test.sh).
+UCX_WHEEL="libucx-cu12==1.22.0"
+if ! "$PYTHON" -c "import libucx, sys; sys.exit(tuple(map(int, libucx.__version__.split('.')[:2])) < (1, 14))" >/dev/null 2>&1; then
+  say "installing $UCX_WHEEL with pip (UCX 1.14 or later for the data plane between hosts)"
+  pip_install "$PYTHON" "$UCX_WHEEL" ||
+    say "WARNING: could not install $UCX_WHEEL; transfers between hosts fall back to TCP and the UCX tests skip"
 fi
 
 LAMMPS_DIR=.cache/compute-plugins

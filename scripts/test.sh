@@ -18,6 +18,17 @@ export PJRT_CROSSHOST_LIB="${PJRT_CROSSHOST_LIB:-$PWD/target/release/libpjrt_cro
 # change what the embedded-backend tests see.
 unset PJRT_CROSSHOST_COMPUTE_PLUGIN
 
+# UCX 1.14 or later, from the libucx wheel setup installs (Debian's 1.13 is
+# refused): the cargo tests and every process the suite starts load it.
+if [ -z "${PJRT_CROSSHOST_UCX_WHEEL_LIB:-}" ]; then
+  ucx_wheel_lib="$("$PYTHON" -c 'import libucx, os; print(os.path.join(os.path.dirname(libucx.__file__), "lib"))' 2>/dev/null || true)"
+  if [ -n "$ucx_wheel_lib" ]; then
+    export PJRT_CROSSHOST_UCX_WHEEL_LIB="$ucx_wheel_lib"
+  else
+    echo "WARNING: no libucx wheel (scripts/setup.sh installs it): the UCX tests skip"
+  fi
+fi
+
 step() { printf '\n=== %s\n' "$*"; }
 
 step "cargo test --release"

@@ -91,9 +91,8 @@ impl TransferService {
                 nonce: descriptor.nonce,
                 status: status.clone(),
             };
-            self.publish_receipt(&descriptor, receipt, move |_| {
-                promise.set(Err(status));
-            });
+            promise.set(Err(status));
+            self.publish_receipt_best_effort(&descriptor, receipt);
             return;
         }
         let service = self.clone();
@@ -260,9 +259,8 @@ impl TransferService {
                     nonce: descriptor.nonce,
                     status: status.clone(),
                 };
-                self.publish_receipt(descriptor, receipt, move |_| {
-                    promise.set(Err(status));
-                });
+                promise.set(Err(status));
+                self.publish_receipt_best_effort(descriptor, receipt);
             }
             // Not this sender's destination (another sender took it, or the
             // receive is over): its key is not ours to write.
@@ -473,6 +471,15 @@ impl TransferService {
             )));
         }
         Ok(())
+    }
+
+    /// Tells the receiver that a send failed, after the send's own outcome
+    /// is set: a failure is the sender's outcome when it happens (at its
+    /// deadline, say), not once a store behind a cut link has the receipt.
+    /// The receiver fails anyway at its own deadline without it.
+    fn publish_receipt_best_effort(&self, descriptor: &Descriptor, receipt: Receipt) {
+        // publish_receipt logs a receipt that could not be set.
+        self.publish_receipt(descriptor, receipt, |_| {});
     }
 
     /// Sets the completion key; `done` gets the outcome once the store has

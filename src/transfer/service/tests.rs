@@ -229,3 +229,77 @@ fn a_receiver_that_dies_during_the_copy_fails_the_send_before_any_receipt() {
         "a receipt was written for a dead receiver"
     );
 }
+
+/// A store whose asynchronous sets are held, unanswered, until released: a
+/// store behind a cut link.
+#[derive(Default)]
+struct CutStore {
+    store: MemoryStore,
+    held: Mutex<Vec<(String, crate::kv::SetCallback)>>,
+}
+
+impl crate::kv::KeyValueStore for CutStore {
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.store.get(key, timeout)
+    }
+    fn try_get(&self, key: &str) -> Result<Vec<u8>> {
+        self.store.try_get(key)
+    }
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.store.set(key, value)
+    }
+    fn set_async(&self, key: &str, _value: &[u8], done: crate::kv::SetCallback) {
+        self.held.lock().push((key.to_string(), done));
+    }
+    fn delete(&self, key: &str) -> Result<()> {
+        self.store.delete(key)
+    }
+    fn async_get(
+        &self,
+        key: &str,
+        unless: crate::kv::Unless,
+        callback: crate::kv::GetCallback,
+    ) -> Result<crate::kv::WaiterId> {
+        self.store.async_get(key, unless, callback)
+    }
+    fn cancel_async_get(&self, key: &str, id: crate::kv::WaiterId) -> bool {
+        self.store.cancel_async_get(key, id)
+    }
+    fn capabilities(&self) -> crate::kv::StoreCapabilities {
+        self.store.capabilities()
+    }
+}
+
+#[test]
+fn a_failed_send_reports_its_failure_without_waiting_for_its_error_receipt() {
+    let store = Arc::new(CutStore::default());
+    let session = Session::local(LocalDevices::sequential(1, "cpu"), "auto").unwrap();
+    let service = TransferService::new(
+        store.clone(),
+        session,
+        TransferConfig::default(),
+        None,
+        None,
+    );
+    let receiver = Receiver::spawn();
+    let key = "crosshost/recv/test-cut/1/0";
+    // A source of another size than the destination: the send fails.
+    let mut short = source(None);
+    short.spec.byte_size = LEN / 2;
+    short.spec.dims = vec![(LEN / 2) as i64];
+    let future = service
+        .send_to_descriptor(short, &receiver.descriptor(key), "test send")
+        .unwrap();
+    let error = future
+        .wait_timeout(Duration::from_secs(20))
+        .expect("the send's failure is its outcome while its receipt is still unanswered")
+        .unwrap_err();
+    assert_eq!(error.code, Code::InvalidArgument, "{error}");
+    // The error receipt was still sent to the receiver, best effort.
+    let held: Vec<_> = std::mem::take(&mut *store.held.lock());
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].0, key);
+    for (_, done) in held {
+        done(Err(crate::status::unavailable("the link was cut")));
+    }
+}

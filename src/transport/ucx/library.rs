@@ -9,6 +9,13 @@
 //! `libucx0`). An explicit path that does not load is an error, not a reason
 //! to take another UCX.
 //!
+//! Only UCX 1.14 and later is used (`MINIMUM_VERSION`). Before 1.14, a peer
+//! that connects and dies in the middle of its wire-up makes the process it
+//! talked to abort in an assertion (`ucp_request.c:684` in 1.13.1): anyone
+//! who can reach a worker's TCP port could kill the process. Where only an
+//! older UCX is found, the plugin says so once and the network transfers go
+//! over the TCP transport instead.
+//!
 //! UCX reads part of its configuration from the environment when its
 //! libraries load (their constructors), before any API call could change
 //! it. The host process (JAX) owns signals and the allocator, so before the
@@ -37,6 +44,32 @@ pub const UCX_LIBRARY_ENV: &str = "PJRT_CROSSHOST_UCX_LIBRARY";
 pub const UCX_WHEEL_ENV: &str = "PJRT_CROSSHOST_UCX_WHEEL_LIB";
 /// The system library's soname.
 pub const SYSTEM_LIBUCP: &str = "libucp.so.0";
+/// The oldest UCX the plugin exposes to the network (see the module's doc).
+pub const MINIMUM_VERSION: (u32, u32) = (1, 14);
+
+/// What to do instead of an older UCX, said in every refusal.
+const NEWER_UCX: &str = "transfers between hosts use the TCP transport instead; for UCX, \
+     `pip install libucx-cu12` (jax_plugins.crosshost finds it; elsewhere set \
+     $PJRT_CROSSHOST_UCX_WHEEL_LIB to its libucx/lib directory) or point ucx_library at a \
+     UCX 1.14 or later";
+
+/// Whether UCX `major.minor.release` at `path` may be used: before 1.14 a
+/// stranger's failed wire-up aborts the process (see the module's doc).
+pub fn check_version(
+    path: &str,
+    major: u32,
+    minor: u32,
+    release: u32,
+) -> std::result::Result<(), String> {
+    if (major, minor) >= MINIMUM_VERSION {
+        return Ok(());
+    }
+    Err(format!(
+        "{path} is UCX {major}.{minor}.{release}, which is not used: before UCX 1.14 a peer that \
+         connects and dies during its wire-up aborts this process (an assertion in UCX), so \
+         anyone who can reach its port could end it; {NEWER_UCX}"
+    ))
+}
 
 /// UCX settings applied before its libraries load, unless already set.
 ///
@@ -120,10 +153,15 @@ fn load_first(explicit: Option<&str>) -> std::result::Result<LoadedUcx, String> 
             "the system's {SYSTEM_LIBUCP} (Debian/Ubuntu package libucx0): {e}"
         )),
     }
-    Err(format!(
+    let why = format!(
         "UCX (libucp) is not available; looked at: {}",
         tried.join("; ")
-    ))
+    );
+    // Said once per process (this runs once): the job still works, slower.
+    if tried.iter().any(|t| t.contains("which is not used")) {
+        log::warn!("{why}");
+    }
+    Err(why)
 }
 
 fn prepare_environment() {
@@ -140,7 +178,9 @@ fn prepare_environment() {
 fn open(path: &Path) -> std::result::Result<LoadedUcx, String> {
     let mut keep = Vec::new();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        for sibling in ["libucm.so", "libucs.so", "libucs_signal.so", "libuct.so"] {
+        // libucs first: libucm calls into it without naming it as a
+        // dependency, so libucm loads only as libucs's own dependency.
+        for sibling in ["libucs.so", "libucs_signal.so", "libuct.so"] {
             let candidate = dir.join(sibling);
             if candidate.is_file() {
                 // SAFETY: UCX's own libraries, loaded for their symbols only;
@@ -164,12 +204,7 @@ fn open(path: &Path) -> std::result::Result<LoadedUcx, String> {
     let (mut major, mut minor, mut release) = (0, 0, 0);
     // SAFETY: three valid out-pointers.
     unsafe { (api.get_version)(&mut major, &mut minor, &mut release) };
-    if (major, minor) < (1, 13) {
-        return Err(format!(
-            "{} is UCX {major}.{minor}.{release}; pjrt-crosshost needs UCX 1.13 or later",
-            path.display()
-        ));
-    }
+    check_version(&path.display().to_string(), major, minor, release)?;
     let version = format!("{major}.{minor}.{release}");
     log::info!("UCX {version} loaded from {}", path.display());
     Ok(LoadedUcx {
@@ -177,4 +212,21 @@ fn open(path: &Path) -> std::result::Result<LoadedUcx, String> {
         path: path.display().to_string(),
         version,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ucx_before_1_14_is_refused_naming_the_version_and_the_way_out() {
+        let refused = check_version("/usr/lib/libucp.so.0", 1, 13, 1).unwrap_err();
+        assert!(refused.contains("UCX 1.13.1"), "{refused}");
+        assert!(refused.contains("TCP transport"), "{refused}");
+        assert!(refused.contains("libucx-cu12"), "{refused}");
+        assert!(check_version("x", 0, 9, 0).is_err());
+        for (major, minor) in [(1, 14), (1, 22), (2, 0)] {
+            assert_eq!(check_version("x", major, minor, 0), Ok(()));
+        }
+    }
 }

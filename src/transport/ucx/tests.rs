@@ -265,3 +265,78 @@ fn a_send_waiting_for_a_lost_processs_acknowledgement_fails_at_once() {
     assert!(error.message.contains("control link closed"), "{error}");
     release.send(()).unwrap();
 }
+
+#[test]
+fn a_send_that_misses_its_deadline_does_not_cut_the_pair_apart() {
+    let Some((a, b)) = pair() else { return };
+    // Each of the receiver's workers that a sends to (a has 2) takes one
+    // small transfer and then stalls before acknowledging it (its sink
+    // blocks), so a large send after them cannot complete: it misses its
+    // deadline while UCX still holds it, and the sender closes that
+    // connection by force.
+    let stalled = a.addresses().len();
+    let (entered, in_sink) = crossbeam_channel::unbounded::<()>();
+    let (release, released) = crossbeam_channel::unbounded::<()>();
+    let stalls = Arc::new(std::sync::atomic::AtomicUsize::new(stalled));
+    b.set_receipt_sink(Arc::new(move |_: &str, _: &[u8]| {
+        let left = stalls.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |n| n.checked_sub(1),
+        );
+        if left.is_ok() {
+            let _ = entered.send(());
+            let _ = released.recv();
+        }
+        Ok(())
+    }));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let start = |len: usize, timeout: Duration, key: String| {
+        let token = AuthToken::generate().unwrap();
+        b.registry()
+            .register_with_key(token, Arc::new(HeapDestination::new(len)), Some(key))
+            .unwrap();
+        let tx = tx.clone();
+        a.send(
+            1,
+            token,
+            0,
+            Payload::owned(vec![5; len]),
+            Some(b"xr1 ok 1".to_vec()),
+            timeout,
+            Box::new(move |outcome| {
+                let _ = tx.send((len, outcome));
+            }),
+            0,
+        );
+    };
+    for stall in 0..stalled {
+        start(64, WAIT, format!("stall{stall}"));
+        in_sink
+            .recv_timeout(WAIT)
+            .expect("the bytes reach the receiver");
+    }
+    start(900 << 10, Duration::from_millis(300), "late".into());
+    let (len, outcome) = rx.recv_timeout(WAIT).expect("the late send ends");
+    assert_eq!(len, 900 << 10, "only the late send can end now");
+    let error = outcome.unwrap_err();
+    assert_eq!(error.code, Code::DeadlineExceeded, "{error}");
+    for _ in 0..stalled {
+        release.send(()).unwrap();
+    }
+    for _ in 0..stalled {
+        rx.recv_timeout(WAIT).expect("every send is answered");
+    }
+    // Both processes live: the next transfers connect again and land.
+    for round in 0..4u8 {
+        let destination = Arc::new(HeapDestination::new(4096));
+        let token = AuthToken::generate().unwrap();
+        b.registry()
+            .register_with_key(token, destination.clone(), Some(format!("k{round}")))
+            .unwrap();
+        let bytes = pattern(4096, round);
+        send_with(&a, 1, token, 0, bytes.clone(), Some(b"xr1 ok 1".to_vec()))
+            .unwrap_or_else(|e| panic!("transfer {round} after the late one: {e}"));
+        assert_eq!(destination.to_vec(), bytes);
+    }
+}

@@ -175,11 +175,12 @@ struct EndpointTag {
 
 struct Peer {
     address: Vec<u8>,
-    /// Created on first use.
+    /// Created on first use, and again on the first use after a failure.
     ep: Option<ucp_ep_h>,
-    /// Why its endpoint failed: no new one is made (the peer is gone, and
-    /// UCX 1.13 aborts the process when a connection fails while its wireup
-    /// messages are pending, so a dead peer is never dialled again).
+    /// Why its last endpoint was closed (it failed, or a send to it missed
+    /// its deadline), until a new one is made: said when redialling. A late
+    /// transfer must not cut two live processes apart for good, and UCX 1.14
+    /// and later (the only ones loaded) survive a failed wire-up.
     failed: Option<String>,
 }
 
@@ -699,8 +700,7 @@ impl Worker {
     }
 
     /// Dials every peer's counterpart and flushes the endpoint, which
-    /// completes once its wireup has: afterwards a peer's death finds only
-    /// connected endpoints (see `Peer::failed`).
+    /// completes once its wireup has.
     fn connect_all(&mut self, reply: Sender<Result<()>>) {
         let processes: Vec<u32> = self.worker_counts.keys().copied().collect();
         let remotes: Vec<Remote> = processes
@@ -794,11 +794,13 @@ impl Worker {
         if let Some(ep) = state.ep {
             return Ok(ep);
         }
-        if let Some(why) = &state.failed {
-            return Err(status::unavailable(format!(
-                "UCX transport: the connection to process {} failed ({why}); it is not redialled",
-                peer.0
-            )));
+        if let Some(why) = state.failed.take() {
+            log::info!(
+                "UCX transport: connecting to process {} worker {} again (its last connection \
+                 was closed: {why})",
+                peer.0,
+                peer.1
+            );
         }
         let tag = Box::new(EndpointTag { callbacks, peer });
         let name = CString::new(format!("crosshost-to-{}.{}", peer.0, peer.1)).expect("no NUL");
@@ -1001,7 +1003,7 @@ impl Worker {
                 let remote = self.counterpart(peer);
                 self.close_endpoint(remote, true);
                 if let Some(state) = self.peers.get_mut(&remote) {
-                    state.failed = Some("it stopped answering".into());
+                    state.failed = Some("a send to it missed its deadline".into());
                 }
             }
         }
