@@ -325,7 +325,8 @@ fn a_send_that_misses_its_deadline_does_not_cut_the_pair_apart() {
         release.send(()).unwrap();
     }
     for _ in 0..stalled {
-        rx.recv_timeout(WAIT).expect("every send is answered");
+        // Acknowledged, or failed by the connection's forced close.
+        let _answered = rx.recv_timeout(WAIT).expect("every send is answered");
     }
     // Both processes live: the next transfers connect again and land.
     for round in 0..4u8 {
@@ -339,4 +340,46 @@ fn a_send_that_misses_its_deadline_does_not_cut_the_pair_apart() {
             .unwrap_or_else(|e| panic!("transfer {round} after the late one: {e}"));
         assert_eq!(destination.to_vec(), bytes);
     }
+}
+
+#[test]
+fn a_refused_message_from_a_process_not_connected_dials_nobody() {
+    let Some((a, b)) = pair() else { return };
+    let loaded = load(None).unwrap();
+    // Process 2 is in b's session but b has no connection to it: a message
+    // that claims to come from it with a token b never gave is dropped
+    // unanswered, where answering would make b dial whoever it names.
+    let c = UcxTransport::with_workers(&loaded, 2, 1).unwrap();
+    let peers: HashMap<u32, Vec<Vec<u8>>> = HashMap::from([
+        (0, a.addresses()),
+        (1, b.addresses()),
+        (2, c.addresses()),
+    ]);
+    b.set_peers(&peers);
+    c.set_peers(&peers);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    c.send(
+        1,
+        AuthToken::generate().unwrap(),
+        0,
+        Payload::owned(vec![9; 64]),
+        None,
+        Duration::from_millis(500),
+        Box::new(move |outcome| {
+            let _ = tx.send(outcome);
+        }),
+        0,
+    );
+    let outcome = rx.recv_timeout(WAIT).expect("the send ends at its deadline");
+    let error = outcome.unwrap_err();
+    assert_eq!(error.code, Code::DeadlineExceeded, "{error}");
+    assert_eq!(b.rejected_messages(), 1);
+    assert!(
+        !b.lanes().contains_key(&2),
+        "b connected to the process a refused message named: {:?}",
+        b.lanes()
+    );
+    // A process b is connected to still hears its refusal at once.
+    let refused = send(&a, 1, AuthToken::generate().unwrap(), 0, vec![1; 8]).unwrap_err();
+    assert_ne!(refused.code, Code::DeadlineExceeded, "{refused}");
 }

@@ -67,7 +67,6 @@ pub struct SendPart {
 }
 
 enum Command {
-    Peers(HashMap<u32, Vec<Vec<u8>>>),
     /// Connect to every peer's counterpart now; answer when all are wired
     /// up (or failed).
     Connect(Sender<Result<()>>),
@@ -311,9 +310,11 @@ impl WorkerHandle {
         &self.address
     }
 
-    /// Every process's worker addresses, in their order.
+    /// Every process's worker addresses, in their order. Applied before
+    /// this returns: a send from another thread may take the worker at once
+    /// (`send_part`), ahead of anything queued for its thread.
     pub fn set_peers(&self, peers: HashMap<u32, Vec<Vec<u8>>>) {
-        let _ = self.handle.order(Command::Peers(peers));
+        self.worker.lock().set_peers(peers);
     }
 
     /// The lanes UCX chose to each peer it carried a transfer to or from.
@@ -574,7 +575,6 @@ impl Worker {
                 let mut worker = shared.lock();
                 while let Ok(command) = orders.try_recv() {
                     match command {
-                        Command::Peers(peers) => worker.set_peers(peers),
                         Command::Connect(reply) => worker.connect_all(reply),
                         Command::Send(order) => {
                             worker.start_send(*order);
@@ -687,6 +687,16 @@ impl Worker {
                 if remote == self.me {
                     continue;
                 }
+                // A peer already known keeps its endpoint; one that moved
+                // (a new address) is dialled anew.
+                if self
+                    .peers
+                    .get(&remote)
+                    .is_some_and(|p| p.address == address)
+                {
+                    continue;
+                }
+                self.close_endpoint(remote, true);
                 self.peers.insert(
                     remote,
                     Peer {
@@ -1100,15 +1110,31 @@ impl Worker {
     }
 
     fn send_ack(&mut self, peer: Remote, ack: Ack) {
-        let ep = match self.endpoint(peer) {
-            Ok(ep) => ep,
-            Err(e) => {
-                log::warn!(
-                    "UCX receiver: cannot acknowledge to process {}: {e}",
+        // Bytes that landed prove their sender knew a destination's token:
+        // it may be dialled to hear so. A refusal is told only over an
+        // endpoint already open: a message naming any sender at all (a dead
+        // process, one of another job) must not make this process dial it.
+        let open = self.peers.get(&peer).and_then(|p| p.ep);
+        let ep = match (open, &ack.outcome) {
+            (Some(ep), _) => ep,
+            (None, Err(refusal)) => {
+                log::debug!(
+                    "UCX receiver: a refusal for process {} was not sent (no connection to it): \
+                     {refusal}",
                     peer.0
                 );
                 return;
             }
+            (None, Ok(())) => match self.endpoint(peer) {
+                Ok(ep) => ep,
+                Err(e) => {
+                    log::warn!(
+                        "UCX receiver: cannot acknowledge to process {}: {e}",
+                        peer.0
+                    );
+                    return;
+                }
+            },
         };
         if !self.lanes.lock().contains_key(&peer.0) {
             self.record_lanes(peer);
