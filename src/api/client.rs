@@ -617,6 +617,7 @@ impl Client {
                         secret,
                         &advertised,
                         options.send_timeout.min(CONTROL_TIMEOUT),
+                        options.peer_connections.clone(),
                     )?;
                     let endpoint = store.endpoint().clone();
                     peer_store = Some(store);
@@ -685,6 +686,7 @@ impl Client {
             peer.on_peer_lost(Box::new(move |process| {
                 if let Some(service) = service.upgrade() {
                     let (receives, sends) = service.peer_lost(process as i32);
+                    log::debug!("process {process} lost: {receives} receives, {sends} sends failed");
                     if receives + sends > 0 {
                         log::warn!(
                             "process {process} is gone; failed {receives} receives and {sends} sends"
@@ -697,16 +699,21 @@ impl Client {
                 Some(peer) => peer.probe(process as u32),
                 None => Err(crate::status::unavailable("the client is being destroyed")),
             }));
-            // Links to every peer now, so that any peer's death is noticed,
-            // also one this process has not exchanged a key with yet.
-            let eager = Arc::downgrade(peer);
-            let _ = std::thread::Builder::new()
-                .name("crosshost-links".into())
-                .spawn(move || {
-                    if let Some(peer) = eager.upgrade() {
-                        peer.connect_all();
-                    }
-                });
+            // No link is made now: each is made by the first transfer that
+            // needs it, and the links to the peers a transfer waits on stay
+            // open while it waits, so that their death is noticed.
+            let watch = Arc::downgrade(peer);
+            transfers.set_watch(Box::new(move |process| {
+                if let (Some(peer), Ok(process)) = (watch.upgrade(), u32::try_from(process)) {
+                    peer.watch(process);
+                }
+            }));
+            let service = Arc::downgrade(&transfers);
+            peer.set_waited_on(Box::new(move |process| {
+                service
+                    .upgrade()
+                    .is_some_and(|s| i32::try_from(process).is_ok_and(|p| s.waits_on(p)))
+            }));
         }
         let platform_version = match &compute {
             Some(compute) => format!(

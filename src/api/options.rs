@@ -119,6 +119,10 @@ pub struct ClientOptions {
     pub max_pending_send_bytes: Option<u64>,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
+    /// `max_peer_connections` and `peer_idle_timeout_ms`: the connections
+    /// this process keeps toward its peers, made on first use
+    /// (transport/connections/).
+    pub peer_connections: crate::transport::connections::ConnectionLimits,
     /// `compute_plugin`: the PJRT plugin that compiles and runs programs
     /// for this client (docs/DESIGN.md §11).
     pub compute: ComputeChoice,
@@ -154,6 +158,7 @@ impl Default for ClientOptions {
             max_receive_bytes: None,
             max_pending_send_bytes: None,
             shm_pool_bytes: 1 << 30,
+            peer_connections: Default::default(),
             compute: ComputeChoice::default(),
             compute_options: Vec::new(),
             backend_given: false,
@@ -163,7 +168,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, max_pending_send_bytes, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, max_pending_send_bytes, max_peer_connections, peer_idle_timeout_ms, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -319,6 +324,13 @@ impl ClientOptions {
                 "etcd_user" => parsed.etcd_access.user = Some(expect_str(name, value)?.to_string()),
                 "etcd_key_prefix" => {
                     parsed.etcd_access.key_prefix = expect_str(name, value)?.to_string()
+                }
+                "max_peer_connections" => {
+                    parsed.peer_connections.max_open =
+                        expect_range(name, value, 1, 1 << 20)? as usize
+                }
+                "peer_idle_timeout_ms" => {
+                    parsed.peer_connections.idle_timeout = expect_millis(name, value)?
                 }
                 "max_receive_bytes" => {
                     parsed.max_receive_bytes = Some(expect_range(name, value, 1, 1 << 50)? as u64)

@@ -13,13 +13,19 @@
 //! coordination service sees no transfer keys at all and no round trip
 //! through it sits on a transfer's critical path.
 //!
-//! A link that closes (the peer exited or died) is reported to the transfer
-//! layer, which fails the receives waiting on that peer at once. Deleting a
-//! key held by such a peer succeeds when no new link to it opens: the key
-//! was in that process's memory and is gone with it.
+//! Links are made on the first request that needs one, and closed when idle
+//! or beyond a bound, least recently used first (`transport/connections/`):
+//! a process holds links to the peers it talks to, not to the whole job. A
+//! link a process waits on (a receive from its peer, a send waiting for the
+//! peer's descriptors: `watch`) stays open, because its closing is how the
+//! peer's death shows: a link that closes without BYE (the peer exited or
+//! died) is reported to the transfer layer, which fails the receives waiting
+//! on that peer at once. Deleting a key held by such a peer succeeds when no
+//! new link to it opens: the key was in that process's memory and is gone
+//! with it.
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -27,7 +33,9 @@ use super::{
     GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, Unless, WaiterId,
 };
 use crate::status::{self, Result};
+use crate::sync::{AsyncWorkRunner, DeadlineTimer};
 use crate::transport::advertise::Advertised;
+use crate::transport::connections::{ConnectionLimits, Connections};
 use crate::transport::control::{
     ControlConfig, ControlEndpoint, ControlHandler, ControlLink, ControlServer, Secret,
 };
@@ -47,7 +55,10 @@ pub type PeerLost = Box<dyn Fn(u32) + Send + Sync>;
 
 struct Local {
     store: MemoryStore,
-    on_peer_lost: Mutex<Option<PeerLost>>,
+    /// Called with no lock held: it fails receives, whose retirement comes
+    /// back here (a delete over a link), and a link's reader may report the
+    /// same loss at the same time.
+    on_peer_lost: Mutex<Option<Arc<PeerLost>>>,
     /// Peers whose link closed, until a new link to them opens.
     lost: Mutex<std::collections::HashSet<u32>>,
 }
@@ -62,14 +73,17 @@ impl ControlHandler for Local {
     }
 
     fn peer_closed(&self, process: u32) {
+        log::debug!("peer store: process {process} is gone (its link closed)");
         self.lost.lock().insert(process);
-        if let Some(lost) = &*self.on_peer_lost.lock() {
+        let lost = self.on_peer_lost.lock().clone();
+        if let Some(lost) = lost {
             lost(process);
         }
     }
 }
 
-type LinkSlot = Arc<Mutex<Option<Arc<ControlLink>>>>;
+/// Whether something of this process waits on a peer (its link stays).
+pub type WaitedOn = Box<dyn Fn(u32) -> bool + Send + Sync>;
 
 pub struct PeerStore {
     me: u32,
@@ -78,7 +92,13 @@ pub struct PeerStore {
     server: ControlServer,
     router: Mutex<Option<KeyRouter>>,
     peers: Mutex<HashMap<u32, PeerAddress>>,
-    links: Mutex<HashMap<u32, LinkSlot>>,
+    links: Connections<ControlLink>,
+    /// Bounds every link's requests, and runs the sweeps of idle links.
+    timer: Arc<DeadlineTimer>,
+    waited_on: Mutex<Option<WaitedOn>>,
+    /// Dials the peers a transfer waits on (`watch`), off the caller's
+    /// thread.
+    dialer: AsyncWorkRunner,
     timeout: Duration,
 }
 
@@ -90,6 +110,7 @@ impl PeerStore {
         secret: Secret,
         advertised: &Advertised,
         timeout: Duration,
+        limits: ConnectionLimits,
     ) -> Result<Arc<PeerStore>> {
         let local = Arc::new(Local {
             store: MemoryStore::new(),
@@ -119,16 +140,81 @@ impl PeerStore {
                 ),
             )
         })?;
-        Ok(Arc::new(PeerStore {
+        let store = Arc::new(PeerStore {
             me,
             secret,
             local,
             server,
             router: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
-            links: Mutex::new(HashMap::new()),
+            links: Connections::new(limits),
+            timer: Arc::new(DeadlineTimer::new("crosshost-ctl-deadline")),
+            waited_on: Mutex::new(None),
+            dialer: AsyncWorkRunner::new("crosshost-dial", 2),
             timeout,
-        }))
+        });
+        store.schedule_sweep();
+        Ok(store)
+    }
+
+    /// Sweeps the idle links now and then, for as long as the store lives.
+    fn schedule_sweep(self: &Arc<Self>) {
+        let limits = self.links.limits();
+        let every = (limits.idle_timeout / 2)
+            .min(Duration::from_secs(5))
+            .max(limits.grace);
+        let store = Arc::downgrade(self);
+        self.timer.schedule_after(every, move || {
+            if let Some(store) = store.upgrade() {
+                store.sweep_links(Instant::now());
+                store.schedule_sweep();
+            }
+        });
+    }
+
+    /// Closes the links the limits say should go; returns their peers.
+    pub fn sweep_links(&self, now: Instant) -> Vec<u32> {
+        let waited_on = self.waited_on.lock();
+        let closed = self
+            .links
+            .sweep(now, &|peer| waited_on.as_ref().is_some_and(|w| w(peer)));
+        if !closed.is_empty() {
+            log::debug!("peer store: closed idle links to processes {closed:?}");
+        }
+        closed
+    }
+
+    /// How to tell whether something of this process waits on a peer.
+    pub fn set_waited_on(&self, waited_on: WaitedOn) {
+        *self.waited_on.lock() = Some(waited_on);
+    }
+
+    /// Links this process opened that are open now.
+    pub fn open_links(&self) -> usize {
+        self.links.open_count()
+    }
+
+    /// Authenticated links from peers being served now.
+    pub fn served_links(&self) -> usize {
+        self.server.link_count()
+    }
+
+    /// Something of this process now waits on `peer` (a send waits for its
+    /// descriptors): a link to it is made, off this thread, so that its
+    /// death is noticed; a peer that cannot be reached is reported lost,
+    /// which fails what waits on it.
+    pub fn watch(self: &Arc<Self>, peer: u32) {
+        if peer == self.me || self.links.current(peer).is_some() {
+            return;
+        }
+        let store = Arc::downgrade(self);
+        self.dialer.submit(move || {
+            let Some(store) = store.upgrade() else { return };
+            if let Err(e) = store.link(peer) {
+                log::warn!("peer store: process {peer}, which a transfer waits on: {e}");
+                store.local.peer_closed(peer);
+            }
+        });
     }
 
     /// Where peers reach this process.
@@ -144,24 +230,12 @@ impl PeerStore {
 
     /// Called with a peer whose link closed.
     pub fn on_peer_lost(&self, lost: PeerLost) {
-        *self.local.on_peer_lost.lock() = Some(lost);
+        *self.local.on_peer_lost.lock() = Some(Arc::new(lost));
     }
 
     /// Opens a link to `peer` (or finds the one open): OK when it answers.
     pub fn probe(&self, peer: u32) -> Result<()> {
         self.link(peer).map(|_| ())
-    }
-
-    /// Opens a link to every peer, so that the death of any of them is
-    /// noticed when its link closes; a peer that cannot be reached now is
-    /// left to the first request that needs it.
-    pub fn connect_all(&self) {
-        let peers: Vec<u32> = self.peers.lock().keys().copied().collect();
-        for peer in peers {
-            if let Err(e) = self.link(peer) {
-                log::debug!("peer store: no link to process {peer} yet: {e}");
-            }
-        }
     }
 
     /// Sets `key`, which this process reads (FAILED_PRECONDITION otherwise),
@@ -187,28 +261,30 @@ impl PeerStore {
     }
 
     fn link(&self, peer: u32) -> Result<Arc<ControlLink>> {
-        // One slot per peer, locked while connecting: two threads that both
-        // find no link must not both connect, since the loser's link would
-        // be dropped (and closed) under the requests already sent on it.
-        let slot = self.links.lock().entry(peer).or_default().clone();
-        let mut slot = slot.lock();
-        if let Some(link) = slot.as_ref().filter(|l| !l.is_broken()) {
-            return Ok(link.clone());
-        }
         let address = self.peers.lock().get(&peer).cloned().ok_or_else(|| {
             status::invalid_argument(format!("peer store: process {peer} is not in this job"))
         })?;
-        let link = ControlLink::connect(
-            peer,
-            &address.endpoint,
-            address.same_host,
-            self.me,
-            self.secret,
-            self.timeout,
-            Some(self.on_link_closed()),
-        )?;
-        self.local.lost.lock().remove(&peer);
-        *slot = Some(link.clone());
+        let mut made = false;
+        let link = self.links.get_or_connect(peer, || {
+            made = true;
+            ControlLink::connect_with_timer(
+                peer,
+                &address.endpoint,
+                address.same_host,
+                self.me,
+                self.secret,
+                self.timeout,
+                Some(self.on_link_closed()),
+                self.timer.clone(),
+            )
+        })?;
+        if made {
+            self.local.lost.lock().remove(&peer);
+            // A new link may take the count past the bound.
+            if self.links.open_count() > self.links.limits().max_open {
+                self.sweep_links(Instant::now());
+            }
+        }
         Ok(link)
     }
 
@@ -240,6 +316,14 @@ impl PeerStore {
             ))),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl Drop for PeerStore {
+    fn drop(&mut self) {
+        self.dialer.shutdown();
+        // The links close with the table, without BYE: to their peers this
+        // client is gone, as it is.
     }
 }
 
@@ -352,7 +436,14 @@ mod tests {
                 address: loopback,
                 source: "test".into(),
             };
-            PeerStore::start(me, secret, &advertised, Duration::from_secs(10)).unwrap()
+            PeerStore::start(
+                me,
+                secret,
+                &advertised,
+                Duration::from_secs(10),
+                ConnectionLimits::default(),
+            )
+            .unwrap()
         };
         let stores = [start(0), start(1)];
         let addresses: HashMap<u32, PeerAddress> = stores
@@ -422,6 +513,39 @@ mod tests {
         }
         assert_eq!(p1.local_keys(), 8);
         assert_eq!(p1.server.connection_count(), 1);
+    }
+
+    #[test]
+    fn links_are_made_on_first_use_and_an_idle_one_closes_without_looking_like_a_death() {
+        let (p0, p1) = pair();
+        assert_eq!((p0.open_links(), p1.served_links()), (0, 0));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        p1.on_peer_lost(Box::new(move |process| {
+            let _ = tx.send(process);
+        }));
+        p0.set("for1/receipt", b"r").unwrap();
+        assert_eq!(p0.open_links(), 1);
+        // Waited on, it stays, however idle.
+        let waited = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let waiting = waited.clone();
+        p0.set_waited_on(Box::new(move |peer| {
+            peer == 1 && waiting.load(std::sync::atomic::Ordering::Acquire)
+        }));
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(p0.sweep_links(later), Vec::<u32>::new());
+        waited.store(false, std::sync::atomic::Ordering::Release);
+        assert_eq!(p0.sweep_links(later), vec![1]);
+        assert_eq!(p0.open_links(), 0);
+        // The server saw BYE: the link's end is no news of a death.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p1.served_links() > 0 {
+            assert!(Instant::now() < deadline, "the served link never ended");
+            std::thread::yield_now();
+        }
+        assert_eq!(rx.try_recv(), Err(crossbeam_channel::TryRecvError::Empty));
+        // The next request makes a new link.
+        p0.delete("for1/receipt").unwrap();
+        assert_eq!((p0.open_links(), p1.local_keys()), (1, 0));
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod advertise;
 pub mod auth_token;
 pub mod claim;
+pub mod connections;
 pub mod control;
 pub mod copy;
 pub mod destination;

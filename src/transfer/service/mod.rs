@@ -13,7 +13,7 @@ mod send;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicI64;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,6 +173,10 @@ pub struct SendSource {
 /// Asks whether process N answers (e.g. by opening a control link to it).
 pub type Liveness = Box<dyn Fn(i32) -> Result<()> + Send + Sync>;
 
+/// Called with a process that a send now waits on (for its descriptors):
+/// the peer store makes a link to it, so that its death is noticed.
+pub type Watch = Box<dyn Fn(i32) + Send + Sync>;
+
 type EndWait = Arc<dyn Fn(Status) + Send + Sync>;
 
 /// Sends waiting for a descriptor, each with the receiver it waits on and
@@ -192,6 +196,10 @@ impl DescribedWaits {
 
     fn remove(&self, id: u64) {
         self.waits.lock().remove(&id);
+    }
+
+    fn waits_on(&self, peer: i32) -> bool {
+        self.waits.lock().values().any(|(p, _)| *p == peer)
     }
 
     /// Ends every wait on `peer` with `reason`; returns how many.
@@ -236,9 +244,12 @@ pub struct TransferService {
     /// is back (`liveness`).
     lost: Mutex<HashSet<i32>>,
     liveness: Mutex<Option<Liveness>>,
+    watch: Mutex<Option<Watch>>,
     tcp_server: OnceCell<TcpReceiveServer>,
     /// The TCP transport's sending side (its kept connections).
     tcp: TcpSender,
+    /// A sweep of `tcp`'s kept connections is scheduled.
+    tcp_sweep_scheduled: AtomicBool,
     /// Where TCP sends run, started at the first.
     tcp_sends: OnceCell<Arc<AsyncWorkRunner>>,
     /// Where the receipts that come with the bytes set their keys (the peer
@@ -298,8 +309,10 @@ impl TransferService {
             described_waits: DescribedWaits::default(),
             lost: Mutex::new(HashSet::new()),
             liveness: Mutex::new(None),
+            watch: Mutex::new(None),
             tcp_server: tcp_server.map_or_else(OnceCell::new, OnceCell::with_value),
             tcp: TcpSender::new(),
+            tcp_sweep_scheduled: AtomicBool::new(false),
             tcp_sends: OnceCell::new(),
             receipt_sink: OnceCell::new(),
             ucx,
@@ -493,6 +506,28 @@ impl TransferService {
     /// How to ask whether a lost receiver is back (the peer store's links).
     pub fn set_liveness(&self, liveness: Liveness) {
         *self.liveness.lock() = Some(liveness);
+    }
+
+    /// How to watch a process that a send waits on.
+    pub fn set_watch(&self, watch: Watch) {
+        *self.watch.lock() = Some(watch);
+    }
+
+    fn watch(&self, process: i32) {
+        if let Some(watch) = &*self.watch.lock() {
+            watch(process);
+        }
+    }
+
+    /// Whether a receive from `process`, or a send waiting for its
+    /// descriptors, is pending here: its link must stay open, since its
+    /// closing is how the process's death shows.
+    pub fn waits_on(&self, process: i32) -> bool {
+        self.pending
+            .lock()
+            .values()
+            .any(|e| e.peer_process == Some(process))
+            || self.described_waits.waits_on(process)
     }
 
     /// Process `process` is gone (its link closed): its receives fail, and

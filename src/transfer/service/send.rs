@@ -2,7 +2,8 @@
 //! (shared memory, TCP, UCX, CUDA IPC), and only once its bytes are there
 //! does the sender set the buffer's completion key (the receipt).
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -22,6 +23,7 @@ use crate::transport::shm_mappings::{
 };
 use crate::transport::shm_owner::OwnerWatch;
 use crate::transport::stream_copy::copy_past_cache;
+use crate::transport::tcp::TcpSender;
 use crate::transport::ucx::Payload;
 
 /// From this size a copy into shared memory populates its range first: one
@@ -348,7 +350,7 @@ impl TransferService {
     /// bytes are in); otherwise, or if it did not, the receipt follows the
     /// receiver's acknowledgement through the store.
     fn send_over_tcp(
-        &self,
+        self: &Arc<Self>,
         source: SendSource,
         descriptor: Descriptor,
         endpoint: std::net::SocketAddr,
@@ -357,6 +359,9 @@ impl TransferService {
     ) {
         let receipt = self.receipt_with_bytes(&descriptor);
         let mut delivered = None;
+        // The connection this send keeps is closed once it is too old to
+        // reuse, whether or not another send comes.
+        self.sweep_tcp_connections_later();
         let sent = source.memory.read_with(&mut |bytes| {
             delivered = Some(self.tcp.send(
                 endpoint,
@@ -379,6 +384,25 @@ impl TransferService {
             (Err(e), _) => Err(CopyError::Failed(e)),
         };
         self.finish_send(&source, &descriptor, copied, promise, function);
+    }
+
+    /// Schedules a sweep of the TCP sender's kept connections, unless one
+    /// is scheduled; each sweep schedules the next while some are kept.
+    fn sweep_tcp_connections_later(self: &Arc<Self>) {
+        if self.tcp_sweep_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let service = Arc::downgrade(self);
+        let after = TcpSender::reuse_window() * 2;
+        self.timer.schedule_after(after, move || {
+            let Some(service) = service.upgrade() else {
+                return;
+            };
+            service.tcp_sweep_scheduled.store(false, Ordering::Release);
+            if service.tcp.close_stale(std::time::Instant::now()) > 0 {
+                service.sweep_tcp_connections_later();
+            }
+        });
     }
 
     /// The receipt to send with the bytes: only where the receiver holds the
@@ -683,10 +707,16 @@ impl TransferService {
         // again): each would wait its full timeout for a descriptor. Its
         // buffers fail at once, each through its own event.
         let mut gone: HashMap<i32, Status> = HashMap::new();
+        let mut alive = HashSet::new();
         for (_, peer) in &plan {
-            if !gone.contains_key(peer) {
-                if let Err(e) = self.check_receiver_alive(*peer, F) {
-                    gone.insert(*peer, e);
+            if !gone.contains_key(peer) && !alive.contains(peer) {
+                match self.check_receiver_alive(*peer, F) {
+                    Err(e) => {
+                        gone.insert(*peer, e);
+                    }
+                    Ok(()) => {
+                        alive.insert(*peer);
+                    }
                 }
             }
         }
@@ -712,6 +742,12 @@ impl TransferService {
             }
         }
         drop(together);
+        // The sends wait for these receivers' descriptors: their death must
+        // show, through a link to each. Asked once the waits are registered,
+        // so that a receiver found dead fails them.
+        for peer in alive {
+            self.watch(peer);
+        }
         for future in &futures {
             self.count_failure(future);
         }

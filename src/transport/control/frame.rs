@@ -14,6 +14,8 @@ pub const MAX_FRAME: usize = 1 << 20;
 pub(super) const OP_HELLO: u8 = 1;
 pub(super) const OP_SET: u8 = 2;
 pub(super) const OP_DELETE: u8 = 3;
+/// An orderly close: the peer closes an idle link, it has not died.
+pub(super) const OP_BYE: u8 = 4;
 pub(super) const OP_ACK: u8 = 0x80;
 pub(super) const OP_NACK: u8 = 0x81;
 

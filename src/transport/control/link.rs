@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use crate::status::{self, Code, Result, Status};
 use crate::sync::threads::Slice;
 use crate::sync::{DeadlineTimer, TimerId};
+use crate::transport::connections::Connection;
 
 use super::cork::{self, cork, Cork};
 use super::frame::*;
@@ -92,7 +93,8 @@ impl std::fmt::Debug for ControlLink {
 
 impl ControlLink {
     /// Connects to `endpoint` (the Unix socket when `same_host`, else TCP)
-    /// and authenticates as process `me`.
+    /// and authenticates as process `me`; the link bounds its requests'
+    /// waits with a timer of its own.
     pub fn connect(
         peer: u32,
         endpoint: &ControlEndpoint,
@@ -101,6 +103,26 @@ impl ControlLink {
         secret: Secret,
         timeout: Duration,
         on_closed: Option<LinkClosed>,
+    ) -> Result<Arc<ControlLink>> {
+        let timer = Arc::new(DeadlineTimer::new("crosshost-ctl-deadline"));
+        Self::connect_with_timer(
+            peer, endpoint, same_host, me, secret, timeout, on_closed, timer,
+        )
+    }
+
+    /// `connect`, bounding the requests' waits with `timer`, which the
+    /// links of one process share (a thread per link would be a thread per
+    /// peer).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_with_timer(
+        peer: u32,
+        endpoint: &ControlEndpoint,
+        same_host: bool,
+        me: u32,
+        secret: Secret,
+        timeout: Duration,
+        on_closed: Option<LinkClosed>,
+        timer: Arc<DeadlineTimer>,
     ) -> Result<Arc<ControlLink>> {
         let unavailable = |e: io::Error| {
             if same_host {
@@ -157,7 +179,7 @@ impl ControlLink {
             peer,
             writer: Mutex::new(stream),
             waiters: Arc::default(),
-            timer: Arc::new(DeadlineTimer::new("crosshost-ctl-deadline")),
+            timer,
             next_id: AtomicU64::new(1),
             broken: Arc::new(AtomicBool::new(false)),
             dropping: Arc::new(AtomicBool::new(false)),
@@ -388,19 +410,45 @@ impl ControlLink {
     }
 }
 
+impl Connection for ControlLink {
+    fn is_broken(&self) -> bool {
+        ControlLink::is_broken(self)
+    }
+
+    /// No request waits for its ack.
+    fn is_idle(&self) -> bool {
+        self.waiters.lock().is_empty()
+    }
+
+    /// BYE, then the connection is cut: the server hears an orderly close,
+    /// not the death of this process. What still waited fails.
+    fn close(&self) {
+        self.dropping.store(true, Ordering::Release);
+        {
+            let mut writer = self.writer.lock();
+            let _ = writer.write_all(&frame(OP_BYE, 0, &[]));
+            writer.shutdown_both();
+        }
+        self.fail_waiting("closed by this process (idle)");
+    }
+}
+
+impl ControlLink {
+    fn fail_waiting(&self, why: &str) {
+        let waiting: Vec<Waiter> = self.waiters.lock().drain().map(|(_, w)| w).collect();
+        for waiter in waiting {
+            let closed = format!("control link to process {} {why}", self.peer);
+            waiter.complete(Err(status::unavailable(closed)), &self.timer);
+        }
+    }
+}
+
 impl Drop for ControlLink {
     fn drop(&mut self) {
         self.dropping.store(true, Ordering::Release);
         self.writer.lock().shutdown_both();
         // Nobody will answer what is still waiting.
-        let waiting: Vec<Waiter> = self.waiters.lock().drain().map(|(_, w)| w).collect();
-        for waiter in waiting {
-            let closed = format!(
-                "control link to process {} closed by this process",
-                self.peer
-            );
-            waiter.complete(Err(status::unavailable(closed)), &self.timer);
-        }
+        self.fail_waiting("closed by this process");
         if let Some(reader) = self.reader.lock().take() {
             crate::sync::runner::join_all_except_current(vec![reader], "ControlLink");
         }

@@ -15,10 +15,15 @@
 //! side applies it to its handler and acks with the id, and the caller's
 //! reader thread hands the ack to the waiting request.
 //!
+//! Links are made on first use and closed when idle (`transport/connections/`);
+//! an idle link is closed with BYE, so that its server does not take the
+//! close for the death of the process at the other end, as it does any
+//! other close of an authenticated link.
+//!
 //! Frames, little endian: `u32 length` (of what follows) `u8 op` `u64 id`
 //! then the op's payload. SET: `u16 key length`, key, value. DELETE: key.
 //! ACK: nothing. NACK: `u32 code`, message. HELLO: 32-byte secret, `u32`
-//! process index.
+//! process index. BYE: nothing.
 mod cork;
 mod frame;
 #[cfg(feature = "fuzzing")]
@@ -78,7 +83,9 @@ pub trait ControlHandler: Send + Sync {
 pub struct ControlConfig {
     /// HELLO must arrive within this long of accept.
     pub hello_timeout: Duration,
-    /// Connections (authenticated or not) served at once.
+    /// Connections not authenticated yet (HELLO not read) served at once:
+    /// what a stranger can hold. Authenticated links are bounded by the
+    /// job's processes, each of which keeps few (`transport/connections/`).
     pub max_connections: usize,
     /// Bound on a request's wait for its ack, and on each write.
     pub request_timeout: Duration,

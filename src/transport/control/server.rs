@@ -26,7 +26,10 @@ use super::{cork, spawn, ControlConfig, ControlEndpoint, ControlHandler, Cork};
 pub(super) struct Connections {
     next: AtomicU64,
     open: Mutex<HashMap<u64, Box<dyn Stream>>>,
+    /// Not authenticated yet: bounded by `max_connections`.
     count: AtomicUsize,
+    /// Authenticated links.
+    authenticated: AtomicUsize,
 }
 
 pub struct ControlServer {
@@ -114,6 +117,12 @@ impl ControlServer {
     /// Connections being served (authenticated or not).
     pub fn connection_count(&self) -> usize {
         self.connections.count.load(Ordering::Acquire)
+            + self.connections.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Authenticated links being served.
+    pub fn link_count(&self) -> usize {
+        self.connections.authenticated.load(Ordering::Acquire)
     }
 }
 
@@ -167,7 +176,7 @@ impl Serve {
         if self.connections.count.fetch_add(1, Ordering::AcqRel) >= self.config.max_connections {
             self.connections.count.fetch_sub(1, Ordering::AcqRel);
             log::warn!(
-                "control link: refusing a connection (already {} open)",
+                "control link: refusing a connection (already {} unauthenticated ones open)",
                 self.config.max_connections
             );
             stream.shutdown_both();
@@ -179,9 +188,16 @@ impl Serve {
         }
         let serve = self.clone();
         let started = spawn("crosshost-ctl-conn", slice, move || {
-            serve.serve(stream);
+            let authenticated = serve.serve(stream);
             serve.connections.open.lock().remove(&id);
-            serve.connections.count.fetch_sub(1, Ordering::AcqRel);
+            if authenticated {
+                serve
+                    .connections
+                    .authenticated
+                    .fetch_sub(1, Ordering::AcqRel);
+            } else {
+                serve.connections.count.fetch_sub(1, Ordering::AcqRel);
+            }
         });
         if let Err(e) = started {
             log::error!("control link: {e}");
@@ -190,7 +206,9 @@ impl Serve {
         }
     }
 
-    fn serve(&self, mut stream: Box<dyn Stream>) {
+    /// Serves `stream` until it closes; true when it had authenticated
+    /// (and so counts among the links, no longer among the strangers).
+    fn serve(&self, mut stream: Box<dyn Stream>) -> bool {
         let deadline = Instant::now() + self.config.hello_timeout;
         let peer = match read_frame(&mut *stream, Some(deadline)) {
             Ok((OP_HELLO, id, payload))
@@ -200,15 +218,19 @@ impl Serve {
                 let process =
                     u32::from_le_bytes(payload[SECRET_LEN..].try_into().expect("4 bytes"));
                 if stream.write_all(&frame(OP_ACK, id, &[])).is_err() {
-                    return;
+                    return false;
                 }
+                self.connections.count.fetch_sub(1, Ordering::AcqRel);
+                self.connections
+                    .authenticated
+                    .fetch_add(1, Ordering::AcqRel);
                 process
             }
             Ok(_) => {
                 log::warn!("control link: a peer failed to authenticate");
                 let refusal = nack_payload(&status::unauthenticated("control link: bad HELLO"));
                 let _ = stream.write_all(&frame(OP_NACK, 0, &[&refusal]));
-                return;
+                return false;
             }
             Err(e) => {
                 if !self.stopping.load(Ordering::Acquire) {
@@ -217,7 +239,7 @@ impl Serve {
                         self.config.hello_timeout
                     );
                 }
-                return;
+                return false;
             }
         };
         // Authenticated: requests until the peer goes away. A burst of them
@@ -233,7 +255,7 @@ impl Serve {
                 burst = None;
                 if !acks.is_empty() {
                     if stream.write_all(&acks).is_err() {
-                        return;
+                        return true;
                     }
                     acks.clear();
                 }
@@ -249,12 +271,18 @@ impl Serve {
                             handler.peer_closed(peer);
                         }
                     }
-                    return;
+                    return true;
                 }
             };
             let Some(handler) = self.handler.upgrade() else {
-                return;
+                return true;
             };
+            if op == OP_BYE {
+                // An idle link closed in order: its process lives on.
+                let _ = stream.write_all(&acks);
+                log::debug!("control link from process {peer} closed (idle)");
+                return true;
+            }
             let outcome = match (op, split_key(&payload)) {
                 (OP_SET, Some((key, value))) => handler.set(peer, key, value),
                 (OP_DELETE, Some((key, _))) => handler.delete(peer, key),

@@ -135,6 +135,26 @@ impl TcpSender {
         }
     }
 
+    /// Closes every kept connection that will not be reused (too old, or
+    /// closed by its receiver, which closes idle ones): kept, each would sit
+    /// in CLOSE_WAIT until the next send to that receiver. Returns how many
+    /// are still kept.
+    pub fn close_stale(&self, now: Instant) -> usize {
+        let mut idle = self.idle.lock();
+        idle.retain(|_, kept| {
+            kept.retain(|(stream, since)| {
+                now.duration_since(*since) < IDLE_REUSE && !unusable_when_idle(stream)
+            });
+            !kept.is_empty()
+        });
+        idle.values().map(Vec::len).sum()
+    }
+
+    /// How long a kept connection may be reused: past it a sweep closes it.
+    pub fn reuse_window() -> Duration {
+        IDLE_REUSE
+    }
+
     /// Idle connections kept (for tests).
     pub fn idle_connections(&self) -> usize {
         self.idle.lock().values().map(Vec::len).sum()

@@ -785,3 +785,36 @@ fn a_resent_request_whose_destination_is_gone_fails_rather_than_reads_as_foreign
     assert_eq!(error.code, Code::Unavailable, "{error}");
     assert!(error.message.contains("sent again"), "{error}");
 }
+
+#[test]
+fn kept_connections_too_old_to_reuse_or_closed_by_the_receiver_are_closed_by_a_sweep() {
+    let server = server_with(2, TIMEOUT);
+    let sender = TcpSender::new();
+    let (token, _destination) = registered(&server, 64);
+    sender
+        .send(server.local_addr(), &token, 0, &[7; 64], None, TIMEOUT)
+        .unwrap();
+    assert_eq!(sender.idle_connections(), 1);
+    // Fresh and open: kept.
+    assert_eq!(sender.close_stale(std::time::Instant::now()), 1);
+    // Past the reuse window it would only sit in CLOSE_WAIT once the
+    // receiver closes it: closed now.
+    let later = std::time::Instant::now() + TcpSender::reuse_window() * 2;
+    assert_eq!(sender.close_stale(later), 0);
+    assert_eq!(sender.idle_connections(), 0);
+    // Closed by the receiver: also gone, however fresh.
+    let (token, _destination) = registered(&server, 64);
+    sender
+        .send(server.local_addr(), &token, 0, &[8; 64], None, TIMEOUT)
+        .unwrap();
+    assert_eq!(sender.idle_connections(), 1);
+    drop(server);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sender.close_stale(std::time::Instant::now()) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a closed connection stayed kept"
+        );
+        std::thread::yield_now();
+    }
+}
