@@ -253,12 +253,12 @@ class TwoHostBed:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-# Hides every UCX from one command on its host: the libucx wheel by dropping
-# the variable that names it, the system's libucp by a bind mount in a mount
+# Hides every UCX from one command on its host: the libucx wheel by an empty
+# variable that would name it (jax_plugins.crosshost then looks no further), the system's libucp by a bind mount in a mount
 # namespace of the command's own (gone with it: a later run on that host
 # still finds UCX), so the plugin finds no UCX and falls back to TCP.
 _HIDE_UCX = (
-    'unset PJRT_CROSSHOST_UCX_WHEEL_LIB; '
+    'export PJRT_CROSSHOST_UCX_WHEEL_LIB=; '
     'for f in /usr/lib/x86_64-linux-gnu/libucp.so.0 /usr/lib/aarch64-linux-gnu/libucp.so.0; do '
     '[ -e "$f" ] && mount --bind /dev/null "$(readlink -f "$f")"; done; exec "$@"'
 )

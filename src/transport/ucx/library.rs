@@ -164,6 +164,22 @@ fn load_first(explicit: Option<&str>) -> std::result::Result<LoadedUcx, String> 
     Err(why)
 }
 
+/// A UCX library loaded in this process from somewhere else than `dir`
+/// (its path), if any.
+fn other_ucx_loaded(dir: &Path) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| {
+            let path = Path::new(path);
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libucs.so"))
+                && path.parent() != Some(dir)
+        })
+        .map(str::to_string)
+}
+
 fn prepare_environment() {
     for (name, value) in UCX_ENVIRONMENT {
         if std::env::var_os(name).is_none() {
@@ -187,7 +203,17 @@ fn open(path: &Path) -> std::result::Result<LoadedUcx, String> {
                 // their constructors run with the environment prepared above.
                 match unsafe { UnixLibrary::open(Some(&candidate), RTLD_NOW | RTLD_LOCAL) } {
                     Ok(library) => keep.push(library),
-                    Err(e) => return Err(format!("{}: {e}", candidate.display())),
+                    Err(e) => {
+                        return Err(format!(
+                            "{}: {e}{}",
+                            candidate.display(),
+                            other_ucx_loaded(dir).map_or(String::new(), |other| format!(
+                                " ({other} is already loaded in this process: a UCX library's \
+                                 parts are found by name, so the first UCX loaded is the one \
+                                 they all bind to; load no other UCX before the plugin's)"
+                            ))
+                        ))
+                    }
                 }
             }
         }

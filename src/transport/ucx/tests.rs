@@ -350,11 +350,8 @@ fn a_refused_message_from_a_process_not_connected_dials_nobody() {
     // that claims to come from it with a token b never gave is dropped
     // unanswered, where answering would make b dial whoever it names.
     let c = UcxTransport::with_workers(&loaded, 2, 1).unwrap();
-    let peers: HashMap<u32, Vec<Vec<u8>>> = HashMap::from([
-        (0, a.addresses()),
-        (1, b.addresses()),
-        (2, c.addresses()),
-    ]);
+    let peers: HashMap<u32, Vec<Vec<u8>>> =
+        HashMap::from([(0, a.addresses()), (1, b.addresses()), (2, c.addresses())]);
     b.set_peers(&peers);
     c.set_peers(&peers);
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -370,7 +367,9 @@ fn a_refused_message_from_a_process_not_connected_dials_nobody() {
         }),
         0,
     );
-    let outcome = rx.recv_timeout(WAIT).expect("the send ends at its deadline");
+    let outcome = rx
+        .recv_timeout(WAIT)
+        .expect("the send ends at its deadline");
     let error = outcome.unwrap_err();
     assert_eq!(error.code, Code::DeadlineExceeded, "{error}");
     assert_eq!(b.rejected_messages(), 1);
