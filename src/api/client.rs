@@ -413,16 +413,10 @@ fn start_ucx(
                 .collect();
             peers.insert(me as u32, transport.addresses());
             transport.set_peers(&peers);
-            // Wired up now, while every process of the job is alive.
-            if let Err(e) = transport.connect(options.session_timeout) {
-                if forced {
-                    return Err(crate::status::Status::new(
-                        e.code,
-                        format!("PJRT_Client_Create: transport=ucx: {}", e.message),
-                    ));
-                }
-                log::error!("{}: transfers to that process will fail", e.message);
-            }
+            // No endpoint is made now: each is made by the first transfer
+            // to its peer (UCX 1.14 and later, the only ones used, survive a
+            // peer that fails during the wire-up), so creation costs nothing
+            // per peer and never waits for a slow one.
             log::info!(
                 "UCX {} is this client's data plane across hosts",
                 transport.version()
@@ -573,6 +567,8 @@ impl Client {
             multi_process: options.num_nodes > 1,
         })?;
         if options.num_nodes > 1 {
+            // Every peer costs descriptors; the soft limit is the first wall.
+            crate::transport::fd_limit::raise_once();
             log::info!(
                 "process {} is reached at {} (chosen from {}; listening on {})",
                 options.node_id,

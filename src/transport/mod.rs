@@ -25,6 +25,7 @@ pub mod connections;
 pub mod control;
 pub mod copy;
 pub mod destination;
+pub mod fd_limit;
 pub mod host_identity;
 pub mod poll;
 pub mod random;

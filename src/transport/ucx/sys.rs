@@ -186,6 +186,7 @@ pub const UCP_AM_HANDLER_PARAM_FIELD_FLAGS: u64 = 1 << 1;
 pub const UCP_AM_HANDLER_PARAM_FIELD_CB: u64 = 1 << 2;
 pub const UCP_AM_HANDLER_PARAM_FIELD_ARG: u64 = 1 << 3;
 pub const UCP_AM_FLAG_WHOLE_MSG: u32 = 1 << 0;
+pub const UCP_AM_RECV_ATTR_FIELD_REPLY_EP: u64 = 1 << 0;
 pub const UCP_AM_RECV_ATTR_FLAG_DATA: u64 = 1 << 16;
 pub const UCP_AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 

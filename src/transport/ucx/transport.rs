@@ -86,8 +86,8 @@ impl UcxTransport {
         }
     }
 
-    /// Wires up the connections to every peer now, while the job is
-    /// starting and every process alive (see `Peer::failed` in worker.rs).
+    /// Wires up the connections to every peer now (a client makes each on
+    /// first use instead; tests wire up to start from connected endpoints).
     pub fn connect(&self, timeout: Duration) -> Result<()> {
         for worker in &self.workers {
             worker.connect(timeout)?;

@@ -899,10 +899,14 @@ impl Worker {
         let mut param = ucp_request_param_t::empty();
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK
             | UCP_OP_ATTR_FIELD_USER_DATA
-            | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            | UCP_OP_ATTR_FIELD_MEMORY_TYPE
+            | UCP_OP_ATTR_FIELD_FLAGS;
         param.cb.send = Some(on_send_complete);
         param.user_data = request as usize as *mut c_void;
         param.memory_type = UCS_MEMORY_TYPE_HOST;
+        // The receiver answers a refusal over this very connection: it never
+        // dials a sender it does not know to be real.
+        param.flags = UCP_AM_SEND_FLAG_REPLY;
         // SAFETY: the header lives in the op and the bytes in its transfer,
         // both kept until UCX reports the request complete; the part's range
         // lies inside the payload (`UcxTransport::send` cut it); the ep is
@@ -1111,9 +1115,10 @@ impl Worker {
 
     fn send_ack(&mut self, peer: Remote, ack: Ack) {
         // Bytes that landed prove their sender knew a destination's token:
-        // it may be dialled to hear so. A refusal is told only over an
-        // endpoint already open: a message naming any sender at all (a dead
-        // process, one of another job) must not make this process dial it.
+        // it may be dialled to hear so. A refusal goes back over the
+        // connection its message came on (`on_data`), never over a new one:
+        // a message naming any sender at all (a dead process, one of another
+        // job) must not make this process dial it.
         let open = self.peers.get(&peer).and_then(|p| p.ep);
         let ep = match (open, &ack.outcome) {
             (Some(ep), _) => ep,
@@ -1139,39 +1144,11 @@ impl Worker {
         if !self.lanes.lock().contains_key(&peer.0) {
             self.record_lanes(peer);
         }
-        let (header, message) = ack.encode();
-        // The ack's bytes must live until UCX is done with them; a small
-        // leak-free holder freed by the completion callback.
-        let holder = Box::into_raw(Box::new((header, message)));
-        let mut param = ucp_request_param_t::empty();
-        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        param.cb.send = Some(on_ack_sent);
-        param.user_data = holder.cast();
-        // SAFETY: the holder stays allocated until the completion callback
-        // (or the immediate completion below) frees it; the ep is live.
-        let sent = unsafe {
-            let (header, message) = &*holder;
-            (self.api.am_send_nbx)(
-                ep,
-                AM_ACK,
-                header.as_ptr().cast(),
-                header.len(),
-                message.as_ptr().cast(),
-                message.len(),
-                &param,
-            )
-        };
-        // A request frees itself and the holder in its callback.
-        if !ptr_is_request(sent) {
-            if ptr_is_err(sent) {
-                log::warn!(
-                    "UCX receiver: acknowledging to process {} failed: {}",
-                    peer.0,
-                    self.api.describe(ptr_status(sent))
-                );
-            }
-            // SAFETY: completed (or failed) at once: no callback will come.
-            drop(unsafe { Box::from_raw(holder) });
+        if let Err(e) = send_ack_over(&self.api, ep, &ack) {
+            log::warn!(
+                "UCX receiver: acknowledging to process {} failed: {e}",
+                peer.0
+            );
         }
     }
 
@@ -1326,23 +1303,40 @@ unsafe extern "C" fn on_data(
         Ok(parsed) => parsed,
         Err(e) => return refuse(format!("a DATA message was dropped: {}", e.message)),
     };
-    let verdict = |outcome: Result<()>| Event::Received {
-        peer: (parsed.sender, parsed.sender_worker),
-        ack: Ack {
+    // A refusal goes back over the connection the message came on, now,
+    // while UCX vouches for that endpoint; where there is none, only over
+    // an endpoint of ours already open (`Worker::send_ack`).
+    // SAFETY: `param` is valid for the duration of this callback.
+    let reply_ep = unsafe { (*param).reply_ep };
+    let refuse_answering = |refusal: Status| {
+        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+        let ack = Ack {
             request: parsed.request,
             token: parsed.token,
-            outcome,
+            outcome: Err(refusal),
             receipt_applied: false,
-        },
-        receipt: None,
+        };
+        if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP != 0 && !reply_ep.is_null() {
+            if let Err(e) = send_ack_over(&callbacks.api, reply_ep, &ack) {
+                callbacks.push(Event::Dropped(format!(
+                    "a refusal for process {} could not be sent: {e}",
+                    parsed.sender
+                )));
+            }
+        } else {
+            callbacks.push(Event::Received {
+                peer: (parsed.sender, parsed.sender_worker),
+                ack,
+                receipt: None,
+            });
+        }
+        UCS_OK
     };
     if parsed.length != length as u64 {
-        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        callbacks.push(verdict(Err(status::invalid_argument(format!(
+        return refuse_answering(status::invalid_argument(format!(
             "a {length}-byte message whose header says {} bytes",
             parsed.length
-        )))));
-        return UCS_OK;
+        )));
     }
     let claimed = match callbacks.registry.claim_part(
         &parsed.token,
@@ -1352,11 +1346,7 @@ unsafe extern "C" fn on_data(
         parsed.length,
     ) {
         Ok(claimed) => claimed,
-        Err(refusal) => {
-            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-            callbacks.push(verdict(Err(refusal)));
-            return UCS_OK;
-        }
+        Err(refusal) => return refuse_answering(refusal),
     };
     let destination = claimed.destination;
     // A receipt applies only to a destination whose key this process holds.
@@ -1509,6 +1499,42 @@ unsafe extern "C" fn on_send_complete(
             unsafe { (callbacks.api.request_free)(request) };
         }
     });
+}
+
+/// Sends `ack` over `ep`, a live endpoint of the calling thread's worker.
+fn send_ack_over(api: &UcpApi, ep: ucp_ep_h, ack: &Ack) -> std::result::Result<(), String> {
+    let (header, message) = ack.encode();
+    // The ack's bytes must live until UCX is done with them; a small
+    // leak-free holder freed by the completion callback.
+    let holder = Box::into_raw(Box::new((header, message)));
+    let mut param = ucp_request_param_t::empty();
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = Some(on_ack_sent);
+    param.user_data = holder.cast();
+    // SAFETY: the holder stays allocated until the completion callback (or
+    // the immediate completion below) frees it; the caller vouches for ep.
+    let sent = unsafe {
+        let (header, message) = &*holder;
+        (api.am_send_nbx)(
+            ep,
+            AM_ACK,
+            header.as_ptr().cast(),
+            header.len(),
+            message.as_ptr().cast(),
+            message.len(),
+            &param,
+        )
+    };
+    // A request frees itself and the holder in its callback.
+    if ptr_is_request(sent) {
+        return Ok(());
+    }
+    // SAFETY: completed (or failed) at once: no callback will come.
+    drop(unsafe { Box::from_raw(holder) });
+    if ptr_is_err(sent) {
+        return Err(api.describe(ptr_status(sent)));
+    }
+    Ok(())
 }
 
 unsafe extern "C" fn on_ack_sent(
