@@ -16,6 +16,10 @@ pub(super) const OP_SET: u8 = 2;
 pub(super) const OP_DELETE: u8 = 3;
 /// An orderly close: the peer closes an idle link, it has not died.
 pub(super) const OP_BYE: u8 = 4;
+/// The server's answer to HELLO: its nonce and its proof (`sealing.rs`).
+pub(super) const OP_CHALLENGE: u8 = 5;
+/// The client's proof.
+pub(super) const OP_PROOF: u8 = 6;
 pub(super) const OP_ACK: u8 = 0x80;
 pub(super) const OP_NACK: u8 = 0x81;
 

@@ -17,9 +17,11 @@ use crate::status::{self, Code, Result, Status};
 use crate::sync::threads::Slice;
 use crate::sync::{DeadlineTimer, TimerId};
 use crate::transport::connections::Connection;
+use crate::transport::random::fill_random;
 
 use super::cork::{self, cork, Cork};
 use super::frame::*;
+use super::sealing::{proof_matches, LinkKeys, NONCE_LEN, PROOF_LEN};
 use super::secret::*;
 use super::{spawn, ControlEndpoint};
 
@@ -157,12 +159,43 @@ impl ControlLink {
         stream
             .set_timeouts(Some(timeout), Some(timeout))
             .map_err(unavailable)?;
-        let mut hello = secret.0.to_vec();
-        hello.extend_from_slice(&me.to_le_bytes());
+        // The handshake proves the secret both ways without sending it
+        // (`sealing.rs`); everything after it travels sealed.
+        let deadline = Some(Instant::now() + timeout);
+        let mut client_nonce = [0u8; NONCE_LEN];
+        fill_random(&mut client_nonce).map_err(|e| status::internal(e.message))?;
         stream
-            .write_all(&frame(OP_HELLO, 0, &[&hello]))
+            .write_all(&frame(OP_HELLO, 0, &[&client_nonce, &me.to_le_bytes()]))
             .map_err(unavailable)?;
-        match read_frame(&mut *stream, Some(Instant::now() + timeout)).map_err(unavailable)? {
+        let keys = match read_frame(&mut *stream, deadline).map_err(unavailable)? {
+            (OP_CHALLENGE, _, payload) if payload.len() == NONCE_LEN + PROOF_LEN => {
+                let server_nonce: [u8; NONCE_LEN] =
+                    payload[..NONCE_LEN].try_into().expect("a nonce");
+                let keys = LinkKeys::derive(&secret, &client_nonce, &server_nonce, me);
+                if !proof_matches(&keys.server_proof, &payload[NONCE_LEN..]) {
+                    return Err(status::unauthenticated(format!(
+                        "control link to process {peer}: the server at {} does not know this \
+                         job's control secret (another job's process, or an impostor)",
+                        if same_host {
+                            endpoint.unix_name.clone()
+                        } else {
+                            endpoint.tcp.to_string()
+                        }
+                    )));
+                }
+                keys
+            }
+            (_, _, payload) => {
+                return Err(status::unauthenticated(format!(
+                    "control link to process {peer}: refused ({})",
+                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
+                )))
+            }
+        };
+        stream
+            .write_all(&frame(OP_PROOF, 0, &[&keys.client_proof]))
+            .map_err(unavailable)?;
+        match read_frame(&mut *stream, deadline).map_err(unavailable)? {
             (OP_ACK, _, _) => {}
             (_, _, payload) => {
                 return Err(status::unauthenticated(format!(
@@ -174,7 +207,9 @@ impl ControlLink {
         stream
             .set_timeouts(None, Some(timeout))
             .map_err(unavailable)?;
-        let mut reader = stream.try_clone_box().map_err(unavailable)?;
+        let reader = stream.try_clone_box().map_err(unavailable)?;
+        let mut reader: Box<dyn Stream> = Box::new(keys.client_stream(reader));
+        let stream: Box<dyn Stream> = Box::new(keys.client_stream(stream));
         let link = Arc::new(ControlLink {
             peer,
             writer: Mutex::new(stream),

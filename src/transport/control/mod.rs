@@ -7,10 +7,12 @@
 //!
 //! Each process listens on an abstract Unix socket (peers on this host; no
 //! file to clean up) and on TCP (peers elsewhere). A connection starts with
-//! HELLO: the job's secret (agreed through the session, constant-time
-//! compared) and the caller's process index, within `hello_timeout` of
-//! accept, or it is closed; an unauthenticated peer holds only its own
-//! thread, never an accept loop, and at most `max_connections` of them exist.
+//! a handshake that proves, both ways, knowledge of the job's control secret
+//! (agreed through the session) without sending it, within `hello_timeout`
+//! of accept, or it is closed; then every frame travels encrypted and
+//! authenticated under keys of that link and direction (`sealing.rs`). An
+//! unauthenticated peer holds only its own thread, never an accept loop,
+//! and at most `max_connections` of them exist.
 //! After HELLO, requests are pipelined: each carries an id, the receiving
 //! side applies it to its handler and acks with the id, and the caller's
 //! reader thread hands the ack to the waiting request.
@@ -22,13 +24,15 @@
 //!
 //! Frames, little endian: `u32 length` (of what follows) `u8 op` `u64 id`
 //! then the op's payload. SET: `u16 key length`, key, value. DELETE: key.
-//! ACK: nothing. NACK: `u32 code`, message. HELLO: 32-byte secret, `u32`
-//! process index. BYE: nothing.
+//! ACK: nothing. NACK: `u32 code`, message. BYE: nothing. Handshake, in
+//! plain frames: HELLO: 32-byte nonce, `u32` process index; CHALLENGE:
+//! 32-byte nonce, 32-byte proof; PROOF: 32-byte proof.
 mod cork;
 mod frame;
 #[cfg(feature = "fuzzing")]
 mod fuzz_hooks;
 mod link;
+mod sealing;
 mod secret;
 mod server;
 

@@ -1,5 +1,7 @@
 //! The job's shared secret for control links: made by the process that
-//! founds the session, carried in its epoch record, checked in HELLO.
+//! founds the session, carried in its epoch record; the links' handshake
+//! proves it and their keys come from it (`sealing.rs`), it never crosses
+//! a link.
 
 use crate::status::Result;
 use crate::transport::random::random_u64;
@@ -32,17 +34,6 @@ impl Secret {
             *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
         }
         Some(Secret(bytes))
-    }
-
-    /// Constant-time comparison.
-    pub(super) fn matches(&self, other: &[u8]) -> bool {
-        other.len() == SECRET_LEN
-            && self
-                .0
-                .iter()
-                .zip(other)
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
     }
 }
 

@@ -18,6 +18,7 @@ use crate::sync::threads::Slice;
 use crate::transport::random::random_u64;
 
 use super::frame::*;
+use super::sealing::{proof_matches, LinkKeys, NONCE_LEN};
 use super::secret::*;
 use super::{cork, spawn, ControlConfig, ControlEndpoint, ControlHandler, Cork};
 
@@ -209,39 +210,65 @@ impl Serve {
     /// Serves `stream` until it closes; true when it had authenticated
     /// (and so counts among the links, no longer among the strangers).
     fn serve(&self, mut stream: Box<dyn Stream>) -> bool {
-        let deadline = Instant::now() + self.config.hello_timeout;
-        let peer = match read_frame(&mut *stream, Some(deadline)) {
-            Ok((OP_HELLO, id, payload))
-                if payload.len() == SECRET_LEN + 4
-                    && self.secret.matches(&payload[..SECRET_LEN]) =>
-            {
-                let process =
-                    u32::from_le_bytes(payload[SECRET_LEN..].try_into().expect("4 bytes"));
-                if stream.write_all(&frame(OP_ACK, id, &[])).is_err() {
-                    return false;
-                }
-                self.connections.count.fetch_sub(1, Ordering::AcqRel);
-                self.connections
-                    .authenticated
-                    .fetch_add(1, Ordering::AcqRel);
-                process
+        // HELLO, CHALLENGE, PROOF, ACK within one deadline (`sealing.rs`):
+        // a stranger holds nothing longer than that, and learns nothing.
+        let deadline = Some(Instant::now() + self.config.hello_timeout);
+        let refuse = |stream: &mut Box<dyn Stream>, why: &str| {
+            log::warn!("control link: a peer failed to authenticate ({why})");
+            let refusal = nack_payload(&status::unauthenticated("control link: bad HELLO"));
+            let _ = stream.write_all(&frame(OP_NACK, 0, &[&refusal]));
+        };
+        let quiet = |e: std::io::Error| {
+            if !self.stopping.load(Ordering::Acquire) {
+                log::debug!(
+                    "control link: no handshake within {:?}: {e}",
+                    self.config.hello_timeout
+                );
             }
+        };
+        let (client_nonce, peer) = match read_frame(&mut *stream, deadline) {
+            Ok((OP_HELLO, _, payload)) if payload.len() == NONCE_LEN + 4 => (
+                <[u8; NONCE_LEN]>::try_from(&payload[..NONCE_LEN]).expect("a nonce"),
+                u32::from_le_bytes(payload[NONCE_LEN..].try_into().expect("4 bytes")),
+            ),
             Ok(_) => {
-                log::warn!("control link: a peer failed to authenticate");
-                let refusal = nack_payload(&status::unauthenticated("control link: bad HELLO"));
-                let _ = stream.write_all(&frame(OP_NACK, 0, &[&refusal]));
+                refuse(&mut stream, "not a HELLO");
                 return false;
             }
             Err(e) => {
-                if !self.stopping.load(Ordering::Acquire) {
-                    log::debug!(
-                        "control link: no HELLO within {:?}: {e}",
-                        self.config.hello_timeout
-                    );
-                }
+                quiet(e);
                 return false;
             }
         };
+        let mut server_nonce = [0u8; NONCE_LEN];
+        if crate::transport::random::fill_random(&mut server_nonce).is_err() {
+            return false;
+        }
+        let keys = LinkKeys::derive(&self.secret, &client_nonce, &server_nonce, peer);
+        let challenge = frame(OP_CHALLENGE, 0, &[&server_nonce, &keys.server_proof]);
+        if stream.write_all(&challenge).is_err() {
+            return false;
+        }
+        match read_frame(&mut *stream, deadline) {
+            Ok((OP_PROOF, id, proof)) if proof_matches(&keys.client_proof, &proof) => {
+                if stream.write_all(&frame(OP_ACK, id, &[])).is_err() {
+                    return false;
+                }
+            }
+            Ok(_) => {
+                refuse(&mut stream, "its proof does not match the job's secret");
+                return false;
+            }
+            Err(e) => {
+                quiet(e);
+                return false;
+            }
+        }
+        self.connections.count.fetch_sub(1, Ordering::AcqRel);
+        self.connections
+            .authenticated
+            .fetch_add(1, Ordering::AcqRel);
+        let mut stream: Box<dyn Stream> = Box::new(keys.server_stream(stream));
         // Authenticated: requests until the peer goes away. A burst of them
         // (a batch's descriptors or receipts) is answered with one write of
         // its acks, after the writes its handling made on our own links

@@ -408,3 +408,162 @@ fn corked_requests_on_a_link_that_closed_fail_once_each() {
     // Its drop answers whatever still waits: nothing is answered twice.
     assert!(done_rx.try_recv().is_err());
 }
+
+/// A man in the middle on loopback TCP between one link and `target`: it
+/// records every byte each way and passes it on, flipping the byte at
+/// `flip` (counted from the first byte the client sends) when asked.
+struct Wire {
+    address: std::net::SocketAddr,
+    seen: Arc<Mutex<Vec<u8>>>,
+    pumps: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Wire {
+    fn between(target: std::net::SocketAddr, flip: Option<usize>) -> Wire {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let accept = std::thread::spawn(move || {
+            let (client, _) = listener.accept().unwrap();
+            let server = std::net::TcpStream::connect(target).unwrap();
+            let pump = |mut from: std::net::TcpStream,
+                        mut to: std::net::TcpStream,
+                        flip: Option<usize>,
+                        seen: Arc<Mutex<Vec<u8>>>| {
+                std::thread::spawn(move || {
+                    use std::io::Read;
+                    let mut at = 0usize;
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        if let Some(flip) = flip.filter(|f| (at..at + n).contains(f)) {
+                            buf[flip - at] ^= 0x40;
+                        }
+                        at += n;
+                        seen.lock().extend_from_slice(&buf[..n]);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                })
+            };
+            let up = pump(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                flip,
+                recorded.clone(),
+            );
+            let down = pump(server, client, None, recorded);
+            up.join().unwrap();
+            down.join().unwrap();
+        });
+        Wire {
+            address,
+            seen,
+            pumps: vec![accept],
+        }
+    }
+
+    fn endpoint(&self, server: &ControlServer) -> ControlEndpoint {
+        ControlEndpoint {
+            unix_name: server.endpoint().unix_name.clone(),
+            tcp: self.address,
+        }
+    }
+
+    fn contains(&self, needle: &[u8]) -> bool {
+        self.seen.lock().windows(needle.len()).any(|w| w == needle)
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        // The pumps end when either side closes.
+        for pump in self.pumps.drain(..) {
+            let _ = pump.join();
+        }
+    }
+}
+
+#[test]
+fn an_observer_on_the_wire_reads_no_key_value_or_secret() {
+    let secret = Secret::generate().unwrap();
+    let (recorder, server, _handler) = server(secret, ControlConfig::default());
+    let wire = Wire::between(server.endpoint().tcp, None);
+    let link = ControlLink::connect(
+        3,
+        &wire.endpoint(&server),
+        false,
+        9,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let key = "crosshost/desc/0123456789abcdef.d0-2/7/0";
+    let value = b"token=SEKRIT-TOKEN-BYTES nonce=0xfeedface";
+    link.set(key, value).unwrap();
+    link.delete(key).unwrap();
+    assert_eq!(
+        recorder.sets.lock().as_slice(),
+        &[(9, key.to_string(), value.to_vec())]
+    );
+    drop(link);
+    drop(server);
+    assert!(wire.seen.lock().len() > 100, "the wire carried the link");
+    for needle in [
+        key.as_bytes(),
+        &value[..],
+        b"SEKRIT",
+        &secret.0[..],
+        &secret.0[..8],
+    ] {
+        assert!(
+            !wire.contains(needle),
+            "an observer read {:?} on the wire",
+            String::from_utf8_lossy(needle)
+        );
+    }
+}
+
+#[test]
+fn a_byte_altered_on_the_wire_breaks_the_link_and_reaches_no_handler() {
+    let secret = Secret::generate().unwrap();
+    let (recorder, server, _handler) = server(secret, ControlConfig::default());
+    // The client's handshake is HELLO (49 bytes) then PROOF (45): byte 120
+    // lies in the first sealed frame after it.
+    let wire = Wire::between(server.endpoint().tcp, Some(120));
+    let link = ControlLink::connect(
+        3,
+        &wire.endpoint(&server),
+        false,
+        9,
+        secret,
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
+    let error = link
+        .set("crosshost/desc/0123456789abcdef.d0-2/7/0", &[7u8; 64])
+        .unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(
+        recorder.sets.lock().is_empty(),
+        "an altered frame was applied"
+    );
+    drop(link);
+    drop(server);
+}
+
+#[test]
+fn a_server_that_does_not_know_the_secret_is_refused_by_the_client() {
+    let (_recorder, server, _handler) =
+        server(Secret::generate().unwrap(), ControlConfig::default());
+    let error = connect_as(&server, 4, Secret::generate().unwrap()).unwrap_err();
+    assert_eq!(error.code, Code::Unauthenticated, "{error}");
+    assert!(error.message.contains("does not know"), "{error}");
+}
