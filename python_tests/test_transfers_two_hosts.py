@@ -63,7 +63,7 @@ class BedJob:
         self.tmp_path = tmp_path
         self.kill_point = kill_point
 
-    def start(self, node, scenario, order=None, kill=False, extra_options=None):
+    def start(self, node, scenario, order=None, kill=False, extra_options=None, stdin=None):
         import subprocess
 
         options = {**self.options, **(extra_options or {})}
@@ -76,7 +76,8 @@ class BedJob:
         host = "a" if node == 0 else "b"
         log = self.tmp_path / f"node{node}.log"
         proc = self.bed.popen(host, [*self.prefix, python(), WORKER, "run", json.dumps(cfg)],
-                              env=env, stdout=subprocess.PIPE, stderr=open(log, "wb"))
+                              env=env, stdout=subprocess.PIPE, stderr=open(log, "wb"),
+                              stdin=stdin if stdin is not None else subprocess.DEVNULL)
         proc.log = log
         return proc
 

@@ -142,6 +142,38 @@ def receiver(api, xh, client, ch, cfg):
     return {"buffers": outcomes, "same": same, "seconds": time.monotonic() - started}
 
 
+def rounds(api, xh, client, ch, cfg):
+    """Transfers on command, one a line of stdin (``{"round": k, "len":
+    n}``), each answered on stdout with its outcome and how long it took:
+    the test cuts and heals the bed's link between them (test_bed_faults.py).
+    Nothing goes through the KV store after creation, since the faults cut
+    host b from it too."""
+    node = cfg["node"]
+    device = client.addressable_devices()[0]
+    peer_device = th.device_ids(client, 1 - node)[0]
+    print(json.dumps({"ready": node}), flush=True)
+    for line in sys.stdin:
+        order = json.loads(line)
+        k, length = order["round"], order["len"]
+        s = th.spec(BT.U8, length)
+        started = time.monotonic()
+        if node == 1:
+            (buf,) = xh.receive(client, device, [s], [peer_device], [1000 + k])
+            status = th.buffer_status(buf, timeout=120)
+            same = None
+            if status is None:
+                got = th.read_back(buf, s)
+                same = bool(np.array_equal(got.view(np.uint8), th.make_data(s, SEED + k).view(np.uint8)))
+        else:
+            src = th.upload(client, device, s, th.make_data(s, SEED + k))
+            (ev,) = xh.send(client, [src], [peer_device], [1000 + k])
+            status = th.wait_event(ev, timeout=120)
+            same = None
+        print(json.dumps({"round": k, "outcome": status_code(status), "same": same,
+                          "seconds": time.monotonic() - started}), flush=True)
+    return {"rounds": "done", "metrics": th.metrics(client)}
+
+
 def run(cfg: dict) -> int:
     result: dict = {"node": cfg["node"]}
     client = None
@@ -162,7 +194,10 @@ def run(cfg: dict) -> int:
         # What UCX was configured with: the plugin's defaults, set in the C
         # environment before libucp loads (os.environ is Python's copy).
         result["ucx_env"] = {name: c_getenv(name) for name in UCX_SETTINGS}
-        role = sender if cfg["node"] == 0 else receiver
+        if cfg["scenario"] == "rounds":
+            role = rounds
+        else:
+            role = sender if cfg["node"] == 0 else receiver
         result.update(role(api, xh, client, ch, cfg))
         result["thread_slices"] = thread_slices()
         try:
