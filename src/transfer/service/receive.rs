@@ -397,6 +397,21 @@ impl TransferService {
             }
             entry.receive.clone()
         };
-        receive.cancel(reason)
+        // A receive whose outcome was published an instant ago is still in
+        // `pending` until its hop removes it: for the caller it is as gone
+        // as one already removed (NOT_FOUND, the v1 contract), not a
+        // different answer to the same race.
+        receive.cancel(reason).map_err(|e| {
+            if e.code == crate::status::Code::FailedPrecondition
+                && receive.future().try_get().is_some()
+            {
+                status::not_found(format!(
+                    "{function}: no pending receive for this descriptor ({})",
+                    e.message
+                ))
+            } else {
+                e
+            }
+        })
     }
 }
