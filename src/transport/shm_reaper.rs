@@ -229,7 +229,8 @@ fn start_watchdog(owner: &ShmOwner) -> Option<(Child, ChildStdin)> {
          fi\n\
          for f in {pattern}; do rm -f -- \"$f\"; done\n"
     );
-    let spawned = Command::new("/bin/sh")
+    let mut command = Command::new("/bin/sh");
+    command
         .arg("-c")
         .arg(script)
         .env_clear()
@@ -237,8 +238,21 @@ fn start_watchdog(owner: &ShmOwner) -> Option<(Child, ChildStdin)> {
         .current_dir("/")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
+        .stderr(Stdio::null());
+    // Nothing but its pipe crosses into the watchdog: UCX opens its
+    // listeners and connections without close-on-exec, and a watchdog that
+    // held them would keep a killed process's connections open until it
+    // exits. Its stdio is in place by the time this runs.
+    let limit = crate::transport::fd_limit::current().map_or(65_536, |(soft, _)| soft.min(1 << 20));
+    // SAFETY: between fork and exec the hook makes only async-signal-safe
+    // system calls (close_range, fcntl) on descriptors of the child's own.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            close_on_exec_from(3, limit);
+            Ok(())
+        })
+    };
+    let spawned = command.spawn();
     match spawned {
         Ok(mut child) => {
             let stdin = child.stdin.take().expect("stdin was piped");
@@ -261,6 +275,23 @@ fn start_watchdog(owner: &ShmOwner) -> Option<(Child, ChildStdin)> {
             );
             None
         }
+    }
+}
+
+/// Marks every descriptor from `first` up close-on-exec: one close_range
+/// (Linux 5.11 and later), else one fcntl per descriptor below `limit`.
+/// Async-signal-safe: it runs between fork and exec.
+fn close_on_exec_from(first: u32, limit: u64) {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range only changes flags of this process's descriptors.
+    let done =
+        unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) } == 0;
+    if done {
+        return;
+    }
+    for fd in first as u64..limit {
+        // SAFETY: fcntl on a descriptor number; a closed one answers EBADF.
+        unsafe { libc::fcntl(fd as libc::c_int, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 

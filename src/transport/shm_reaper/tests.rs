@@ -282,3 +282,81 @@ fn a_watchdog_killed_before_its_owner_is_replaced() {
     );
     assert!(!guard.exists(), "{} is still in {SHM_DIR}", guard.name());
 }
+
+const INHERIT_CHILD_ENV: &str = "PJRT_CROSSHOST_TEST_WATCHDOG_FDS_CHILD";
+
+/// Run as a child process: opens a listener without close-on-exec, as UCX
+/// does, then starts its watchdog and prints what descriptors the watchdog
+/// holds besides its stdio.
+#[test]
+#[ignore = "helper run as a child process by the watchdog_inherits_only_its_pipe test"]
+fn child_with_an_inheritable_socket_starts_its_watchdog() {
+    if std::env::var_os(INHERIT_CHILD_ENV).is_none() {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: clearing FD_CLOEXEC on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_SETFD, 0) },
+        0
+    );
+    let region = SharedRegion::create(4096).unwrap();
+    let watchdog = watchdog_pid().expect("a watchdog runs once a region exists");
+    // Its descriptors are settled once it runs /bin/sh (after exec).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let exe = std::fs::read_link(format!("/proc/{watchdog}/exe")).unwrap_or_default();
+        if !exe.ends_with("crosshost") && exe != std::env::current_exe().unwrap() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watchdog never ran /bin/sh"
+        );
+        std::thread::yield_now();
+    }
+    let extra: Vec<String> = std::fs::read_dir(format!("/proc/{watchdog}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+                .unwrap_or(0)
+                > 2
+        })
+        .map(|e| {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            format!("{}->{}", e.file_name().to_string_lossy(), target.display())
+        })
+        .collect();
+    println!("\nextra[{}]", extra.join(" "));
+    drop(region);
+    drop(listener);
+}
+
+#[test]
+fn the_watchdog_inherits_only_its_pipe() {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "transport::shm_reaper::tests::child_with_an_inheritable_socket_starts_its_watchdog",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(INHERIT_CHILD_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("extra["))
+        .unwrap_or_else(|| panic!("no report from the child: {stdout}"));
+    assert_eq!(
+        line.trim(),
+        "extra[]",
+        "the watchdog holds more than its stdio"
+    );
+}
