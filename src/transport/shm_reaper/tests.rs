@@ -285,11 +285,13 @@ fn a_watchdog_killed_before_its_owner_is_replaced() {
 
 const INHERIT_CHILD_ENV: &str = "PJRT_CROSSHOST_TEST_WATCHDOG_FDS_CHILD";
 
-/// Run as a child process: opens a listener without close-on-exec, as UCX
-/// does, then starts its watchdog and prints what descriptors the watchdog
-/// holds besides its stdio.
+/// Run as a child process (so no other test's descriptors, and no watchdog
+/// started earlier, are in the way): opens a listener without close-on-exec,
+/// as UCX does, starts its watchdog, prints the watchdog's pid and every
+/// descriptor it holds (`watchdog-fds PID [N->target ...]`), then waits for
+/// stdin to close.
 #[test]
-#[ignore = "helper run as a child process by the watchdog_inherits_only_its_pipe test"]
+#[ignore = "helper run as a child process by the_watchdog_inherits_only_its_pipe"]
 fn child_with_an_inheritable_socket_starts_its_watchdog() {
     if std::env::var_os(INHERIT_CHILD_ENV).is_none() {
         return;
@@ -300,44 +302,67 @@ fn child_with_an_inheritable_socket_starts_its_watchdog() {
         unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_SETFD, 0) },
         0
     );
+    // SAFETY: reading the flags of a descriptor we own.
+    let flags = unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_GETFD) };
+    assert_eq!(flags & libc::FD_CLOEXEC, 0, "the listener is still CLOEXEC");
     let region = SharedRegion::create(4096).unwrap();
     let watchdog = watchdog_pid().expect("a watchdog runs once a region exists");
-    // Its descriptors are settled once it runs /bin/sh (after exec).
+    // Its inherited descriptors are settled at exec (spawn returns after
+    // it), but the dynamic loader of /bin/sh briefly holds the libraries it
+    // opens. So wait until the shell runs its read loop: it has consumed a
+    // line written into its pipe (none left unread in the pipe).
+    let pipe = {
+        let guard = WATCHDOG.lock();
+        let (_, stdin) = guard.as_ref().unwrap().running.as_ref().unwrap();
+        let mut writer: &ChildStdin = stdin;
+        std::io::Write::write_all(&mut writer, b"settled?\n").unwrap();
+        stdin.as_raw_fd()
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let exe = std::fs::read_link(format!("/proc/{watchdog}/exe")).unwrap_or_default();
-        if !exe.ends_with("crosshost") && exe != std::env::current_exe().unwrap() {
+        let mut unread: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int; the pipe stays open while the
+        // watchdog runs (its keeper replaces it only after it died).
+        assert_eq!(unsafe { libc::ioctl(pipe, libc::FIONREAD, &mut unread) }, 0);
+        if unread == 0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the watchdog never ran /bin/sh"
+            "the watchdog {watchdog} did not read its pipe within 10 s"
         );
         std::thread::yield_now();
     }
-    let extra: Vec<String> = std::fs::read_dir(format!("/proc/{watchdog}/fd"))
+    let exe = std::fs::read_link(format!("/proc/{watchdog}/exe")).unwrap();
+    assert_eq!(exe, std::fs::canonicalize("/bin/sh").unwrap());
+    let mut fds: Vec<(i32, String)> = std::fs::read_dir(format!("/proc/{watchdog}/fd"))
         .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-                .unwrap_or(0)
-                > 2
-        })
         .map(|e| {
-            let target = std::fs::read_link(e.path()).unwrap_or_default();
-            format!("{}->{}", e.file_name().to_string_lossy(), target.display())
+            let e = e.unwrap();
+            let fd = e.file_name().to_str().unwrap().parse::<i32>().unwrap();
+            let target = std::fs::read_link(e.path())
+                .map_or_else(|e| format!("?({e})"), |t| t.display().to_string());
+            (fd, target)
         })
         .collect();
-    println!("\nextra[{}]", extra.join(" "));
+    fds.sort();
+    let fds: Vec<String> = fds.iter().map(|(fd, t)| format!("{fd}->{t}")).collect();
+    println!("\nwatchdog-fds {watchdog} [{}]", fds.join(" "));
+    // Hold the region and the listener until the parent has looked.
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
     drop(region);
     drop(listener);
 }
 
+/// UCX's sockets lack close-on-exec; the watchdog must not hold them (a
+/// killed process's connections would stay open until it exits). Its
+/// descriptors: its pipe on 0, /dev/null on 1 and 2, nothing else.
 #[test]
 fn the_watchdog_inherits_only_its_pipe() {
-    let output = Command::new(std::env::current_exe().unwrap())
+    let mut process = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "transport::shm_reaper::tests::child_with_an_inheritable_socket_starts_its_watchdog",
@@ -346,17 +371,53 @@ fn the_watchdog_inherits_only_its_pipe() {
             "--nocapture",
         ])
         .env(INHERIT_CHILD_ENV, "1")
-        .output()
+        .env_remove(WATCHDOG_ENV)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("extra["))
-        .unwrap_or_else(|| panic!("no report from the child: {stdout}"));
+    let mut stdout = BufReader::new(process.stdout.take().unwrap());
+    let mut line = String::new();
+    let report = loop {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = process.kill();
+            let _ = process.wait();
+            panic!("the child printed no report");
+        }
+        if let Some(at) = line.find("watchdog-fds ") {
+            break line[at..].trim().to_string();
+        }
+    };
+    let (watchdog, fds) = report["watchdog-fds ".len()..]
+        .split_once(" [")
+        .unwrap_or_else(|| panic!("unexpected report {report:?}"));
+    let watchdog: u32 = watchdog.parse().unwrap();
+    let fds: Vec<&str> = fds
+        .strip_suffix(']')
+        .unwrap_or(fds)
+        .split_whitespace()
+        .collect();
+    // Watch the watchdog's end before the child lets it go.
+    let watchdog_exit = pidfd_of(watchdog);
+    drop(process.stdin.take()); // the child drops its region and exits
+    let status = process.wait().unwrap();
+    let finished = wait_exit(&watchdog_exit, 20_000);
+
+    let numbers: Vec<&str> = fds
+        .iter()
+        .map(|f| f.split_once("->").map_or(*f, |(n, _)| n))
+        .collect();
     assert_eq!(
-        line.trim(),
-        "extra[]",
-        "the watchdog holds more than its stdio"
+        numbers,
+        ["0", "1", "2"],
+        "the watchdog holds more than its stdio: {fds:?}"
+    );
+    assert!(fds[0].starts_with("0->pipe:["), "{fds:?}");
+    assert_eq!(fds[1..], ["1->/dev/null", "2->/dev/null"], "{fds:?}");
+    assert!(status.success(), "the child failed: {status}");
+    assert!(
+        finished,
+        "the watchdog {watchdog} did not finish within 20 s of its process's end"
     );
 }
