@@ -155,15 +155,13 @@ fn source(on_read: Option<Box<dyn FnOnce() + Send>>) -> SendSource {
 
 fn service() -> (Arc<TransferService>, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::new());
+    (service_on(store.clone()), store)
+}
+
+/// A one-process service whose keys go to `store`.
+fn service_on(store: Arc<dyn crate::kv::KeyValueStore>) -> Arc<TransferService> {
     let session = Session::local(LocalDevices::sequential(1, "cpu"), "auto").unwrap();
-    let service = TransferService::new(
-        store.clone(),
-        session,
-        TransferConfig::default(),
-        None,
-        None,
-    );
-    (service, store)
+    TransferService::new(store, session, TransferConfig::default(), None, None)
 }
 
 fn send(service: &Arc<TransferService>, source: SendSource, descriptor: &[u8]) -> Outcome {
@@ -273,14 +271,7 @@ impl crate::kv::KeyValueStore for CutStore {
 #[test]
 fn a_failed_send_reports_its_failure_without_waiting_for_its_error_receipt() {
     let store = Arc::new(CutStore::default());
-    let session = Session::local(LocalDevices::sequential(1, "cpu"), "auto").unwrap();
-    let service = TransferService::new(
-        store.clone(),
-        session,
-        TransferConfig::default(),
-        None,
-        None,
-    );
+    let service = service_on(store.clone());
     let receiver = Receiver::spawn();
     let key = "crosshost/recv/test-cut/1/0";
     // A source of another size than the destination: the send fails.

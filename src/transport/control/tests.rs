@@ -468,11 +468,13 @@ impl Wire {
         }
     }
 
-    fn endpoint(&self, server: &ControlServer) -> ControlEndpoint {
-        ControlEndpoint {
+    /// A link from process 9 to `server` through this wire.
+    fn link(&self, server: &ControlServer, secret: Secret) -> Arc<ControlLink> {
+        let endpoint = ControlEndpoint {
             unix_name: server.endpoint().unix_name.clone(),
             tcp: self.address,
-        }
+        };
+        ControlLink::connect(3, &endpoint, false, 9, secret, Duration::from_secs(5), None).unwrap()
     }
 
     fn contains(&self, needle: &[u8]) -> bool {
@@ -494,16 +496,7 @@ fn an_observer_on_the_wire_reads_no_key_value_or_secret() {
     let secret = Secret::generate().unwrap();
     let (recorder, server, _handler) = server(secret, ControlConfig::default());
     let wire = Wire::between(server.endpoint().tcp, None);
-    let link = ControlLink::connect(
-        3,
-        &wire.endpoint(&server),
-        false,
-        9,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let link = wire.link(&server, secret);
     let key = "crosshost/desc/0123456789abcdef.d0-2/7/0";
     let value = b"token=SEKRIT-TOKEN-BYTES nonce=0xfeedface";
     link.set(key, value).unwrap();
@@ -537,16 +530,7 @@ fn a_byte_altered_on_the_wire_breaks_the_link_and_reaches_no_handler() {
     // The client's handshake is HELLO (49 bytes) then PROOF (45): byte 120
     // lies in the first sealed frame after it.
     let wire = Wire::between(server.endpoint().tcp, Some(120));
-    let link = ControlLink::connect(
-        3,
-        &wire.endpoint(&server),
-        false,
-        9,
-        secret,
-        Duration::from_secs(5),
-        None,
-    )
-    .unwrap();
+    let link = wire.link(&server, secret);
     let error = link
         .set("crosshost/desc/0123456789abcdef.d0-2/7/0", &[7u8; 64])
         .unwrap_err();
