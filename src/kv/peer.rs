@@ -204,7 +204,7 @@ impl PeerStore {
     /// death is noticed; a peer that cannot be reached is reported lost,
     /// which fails what waits on it.
     pub fn watch(self: &Arc<Self>, peer: u32) {
-        if peer == self.me || self.links.current(peer).is_some() {
+        if peer == self.me || self.links.is_open_or_dialling(peer) {
             return;
         }
         let store = Arc::downgrade(self);

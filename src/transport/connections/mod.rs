@@ -123,11 +123,19 @@ impl<C: Connection> Connections<C> {
         made
     }
 
-    /// The open connection to `peer`, if there is one (not making one).
-    pub fn current(&self, peer: u32) -> Option<Arc<C>> {
-        let slot = self.slots.lock().get(&peer)?.clone();
-        let connection = slot.connection.lock();
-        connection.as_ref().filter(|c| !c.is_broken()).cloned()
+    /// Whether `peer` has a connection that is not broken, or one being
+    /// dialled. Never waits: a dial holds the peer's slot for as long as it
+    /// takes (up to its timeout), and a caller asking this is on a
+    /// transfer's path.
+    pub fn is_open_or_dialling(&self, peer: u32) -> bool {
+        let Some(slot) = self.slots.lock().get(&peer).cloned() else {
+            return false;
+        };
+        let answer = match slot.connection.try_lock() {
+            Some(connection) => connection.as_ref().is_some_and(|c| !c.is_broken()),
+            None => true,
+        };
+        answer
     }
 
     /// Connections open or being dialled (broken ones not yet replaced

@@ -71,11 +71,39 @@ fn a_broken_connection_is_closed_and_made_again_by_the_next_use() {
     let connections = Connections::<Fake>::new(limits(8));
     let first = dial(&connections, 1);
     first.broken.store(true, Ordering::Release);
-    assert!(connections.current(1).is_none());
+    assert!(!connections.is_open_or_dialling(1));
     let second = dial(&connections, 1);
     assert!(!Arc::ptr_eq(&first, &second));
     assert!(first.closed.load(Ordering::Acquire));
     assert!(!second.closed.load(Ordering::Acquire));
+}
+
+#[test]
+fn asking_whether_a_peer_is_connected_never_waits_for_its_dial() {
+    let connections = Arc::new(Connections::<Fake>::new(limits(8)));
+    assert!(!connections.is_open_or_dialling(5));
+    let (entered, in_dial) = crossbeam_channel::bounded::<()>(1);
+    let (release, released) = crossbeam_channel::bounded::<()>(1);
+    let dialling = connections.clone();
+    let dial = std::thread::spawn(move || {
+        dialling
+            .get_or_connect(5, || {
+                entered.send(()).unwrap();
+                released.recv().unwrap();
+                Ok(Arc::new(Fake::default()))
+            })
+            .unwrap()
+    });
+    in_dial.recv().unwrap();
+    let (answer, answered) = crossbeam_channel::bounded(1);
+    let asking = connections.clone();
+    let ask = std::thread::spawn(move || answer.send(asking.is_open_or_dialling(5)).unwrap());
+    let seen = answered.recv_timeout(Duration::from_secs(10));
+    release.send(()).unwrap();
+    assert_eq!(seen, Ok(true), "the question waited for the dial");
+    dial.join().unwrap();
+    ask.join().unwrap();
+    assert!(connections.is_open_or_dialling(5));
 }
 
 #[test]
