@@ -5,12 +5,16 @@
 #   make bench-jax  the JAX-level benchmark (crosshost vs JAX's own path)
 #   make bench-hosts  the same across two hosts of a two-host bed (root;
 #               scripts/two-hosts.sh), with a raw TCP stream for scale
+#   make bench-scale  one process on each host of an N-host bed (root;
+#               scripts/n-hosts.sh), N = 2..64 (SCALE_MAX=16 stops earlier):
+#               creation, fds, threads, RSS, TCP connections, etcd's CPU
 #   make fuzz       1,000,000 executions of every fuzz target
 #   make sanitize   the Rust tests under ASan/LSan (nightly)
 PYTHON ?= python3
 LIB := $(CURDIR)/target/release/libpjrt_crosshost.so
+SCALE_MAX ?= 64
 
-.PHONY: setup build test demo lint bench-jax bench-hosts fuzz sanitize
+.PHONY: setup build test demo lint bench-jax bench-hosts bench-scale fuzz sanitize
 
 setup:
 	scripts/setup.sh
@@ -34,6 +38,9 @@ bench-jax: setup build
 
 bench-hosts: setup build
 	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/jax_device_put.py --hosts
+
+bench-scale: setup build
+	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/scale.py --max $(SCALE_MAX)
 
 fuzz: setup
 	FUZZ_RUNS=1000000 FUZZ_GROW_CORPUS=1 scripts/fuzz-short.sh

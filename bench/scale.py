@@ -1,0 +1,200 @@
+"""Scale benchmark: one ctypes job of N processes, one per host of an N-host
+bed (scripts/n-hosts.sh, python_tests/n_hosts.py; root only), for N in
+2, 4, 8, 16, 32, 64.
+
+    python bench/scale.py [--max 64 | --counts 2,4,8] [--store etcd|callbacks]
+                          [--tcp] [--sizes 65536] [--json out.json]
+
+For each N a fresh bed of N hosts and a store host (etcd, or with
+--store callbacks the KV server of the plugin's default multi-process mode),
+one process per host (python_tests/n_host_worker.py). Every process starts
+creating its client at once; once all are created, an all-to-all round
+(every process sends --sizes bytes to every other and receives as much from
+each, every byte checked). Per N:
+
+  create_s     from the start to the last process created
+  fds, thr, rss_mib, tcp
+               per process (mean over the N), after creation and after the
+               all-to-all round: open fds, threads, RSS, established TCP
+               connections to the job's other hosts (+ to the store host)
+  a2a_s        the slowest process's all-to-all round
+  etcd_cpu_s   etcd's CPU time (/proc/<pid>/stat, user + system) to start
+               the job, and (a2a_etcd_s) during the all-to-all round
+
+and under the table each column's least-squares fit a + b*(N-1): b is what
+one more host costs each process (or the job, for times and etcd's CPU).
+
+With --store callbacks, +st counts the test harness's connections to its
+KV server (kv_server.KvClient keeps one per calling thread, and ctypes gives
+each call from a plugin thread a thread state of its own: one per call), not
+the plugin's.
+
+Environment: PJRT_CROSSHOST_LIB (default target/release/libpjrt_crosshost.so);
+PJRT_CROSSHOST_UCX_WHEEL_LIB (default: the libucx wheel's, as scripts/test.sh
+finds it). The machine's cores run every host: on a 2-core machine times grow
+with N for that reason too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "python_tests"))
+
+import n_hosts  # noqa: E402
+from n_host_job import NHostJob  # noqa: E402
+
+COUNTS = [2, 4, 8, 16, 32, 64]
+UCX_WHEEL_ENV = "PJRT_CROSSHOST_UCX_WHEEL_LIB"
+# (column, heading, format)
+COLUMNS = [
+    ("bed_s", "bed s", "{:.1f}"),
+    ("create_s", "create s", "{:.2f}"),
+    ("create_fds", "c:fds", "{:.0f}"),
+    ("create_threads", "c:thr", "{:.0f}"),
+    ("create_rss_mib", "c:MiB", "{:.1f}"),
+    ("create_tcp_peers", "c:tcp", "{:.1f}"),
+    ("create_tcp_store", "c:+st", "{:.1f}"),
+    ("a2a_s", "a2a s", "{:.2f}"),
+    ("a2a_fds", "a:fds", "{:.0f}"),
+    ("a2a_threads", "a:thr", "{:.0f}"),
+    ("a2a_rss_mib", "a:MiB", "{:.1f}"),
+    ("a2a_tcp_peers", "a:tcp", "{:.1f}"),
+    ("a2a_tcp_store", "a:+st", "{:.1f}"),
+    ("etcd_cpu_s", "etcd cpu s", "{:.2f}"),
+    ("a2a_etcd_s", "a2a etcd s", "{:.2f}"),
+]
+
+
+def fit(ns: list[int], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b*(n-1)."""
+    xs = [n - 1 for n in ns]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def usage_means(results: dict, phase: str) -> dict:
+    rows = [r[phase] for r in results.values()]
+    return {
+        "fds": statistics.fmean(u["fds"] for u in rows),
+        "threads": statistics.fmean(u["threads"] for u in rows),
+        "rss_mib": statistics.fmean(u["rss_mib"] for u in rows),
+        "tcp_peers": statistics.fmean(u["tcp"]["peers"] for u in rows),
+        "tcp_store": statistics.fmean(u["tcp"]["store"] for u in rows),
+        "max_fds": max(u["fds"] for u in rows),
+        "max_threads": max(u["threads"] for u in rows),
+        "max_tcp_peers": max(u["tcp"]["peers"] for u in rows),
+    }
+
+
+def measure(n: int, args, log_dir: Path) -> dict:
+    started = time.monotonic()
+    with n_hosts.NHostBed(n, store=True) as bed:
+        row: dict = {"n": n, "bed_s": time.monotonic() - started}
+        timeout = max(60.0, 3.0 * n)
+        job = NHostJob(bed, log_dir, store=args.store, hide_ucx=args.tcp, sizes=args.sizes,
+                       rounds=("all",), timeout_s=timeout, pause=True)
+        try:
+            job.start()
+            etcd0 = job.etcd.cpu_seconds() if job.etcd else None
+            job.go()
+            job.created()
+            etcd1 = job.etcd.cpu_seconds() if job.etcd else None
+            job.proceed()
+            results = job.results()
+            etcd2 = job.etcd.cpu_seconds() if job.etcd else None
+            failed = {node: r.get("create_error") or r["all"] for node, r in results.items()
+                      if "create_error" in r or r["all"]["sends"] or r["all"]["receives"]
+                      or r["all"]["bad_bytes"]}
+            if failed:
+                raise RuntimeError(f"N={n}: failed: {json.dumps(failed)[:4000]}")
+            left = {node: r["metrics"]["keys_outstanding"] for node, r in results.items()
+                    if r["metrics"]["keys_outstanding"]}
+            if left:
+                raise RuntimeError(f"N={n}: completion keys left: {left}")
+            row["create_s"] = max(r["create_end"] for r in results.values()) - job.go_time
+            row["a2a_s"] = max(r["all"]["seconds"] for r in results.values())
+            for phase, prefix in (("after_create", "create"), ("after_all_to_all", "a2a")):
+                for key, value in usage_means(results, phase).items():
+                    row[f"{prefix}_{key}"] = value
+            if job.etcd:
+                row["etcd_cpu_s"] = etcd1 - etcd0
+                row["a2a_etcd_s"] = etcd2 - etcd1
+            codes = job.finish()
+            if any(code != 0 for code in codes.values()):
+                raise RuntimeError(f"N={n}: workers exited {codes}")
+        finally:
+            job.close()
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    cols = [c for c in COLUMNS if all(c[0] in r for r in rows)]
+    head = ["N"] + [h for _, h, _ in cols]
+    lines = [[str(r["n"])] + [fmt.format(r[k]) for k, _, fmt in cols] for r in rows]
+    if len(rows) >= 2:
+        ns = [r["n"] for r in rows]
+        fits = [fit(ns, [r[k] for r in rows]) for k, _, _ in cols]
+        lines.append(["a"] + [fmt.format(a) for (a, _), (_, _, fmt) in zip(fits, cols)])
+        lines.append(["b"] + [f"{b:.3g}" for _, b in fits])
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(x.rjust(w) for x, w in zip(head, widths))]
+    out += ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max", type=int, default=64, help="the largest N (of 2, 4, ... 64)")
+    parser.add_argument("--counts", help="the Ns, comma-separated (instead of --max)")
+    parser.add_argument("--store", choices=["etcd", "callbacks"], default="etcd")
+    parser.add_argument("--tcp", action="store_true", help="hide UCX: the TCP fallback")
+    parser.add_argument("--sizes", default="65536",
+                        help="bytes of the buffers each pair exchanges, comma-separated")
+    parser.add_argument("--json", help="write the rows here too")
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    counts = [int(c) for c in args.counts.split(",")] if args.counts else [c for c in COUNTS if c <= args.max]
+    if not counts:
+        raise SystemExit("no N to measure")
+    if not os.environ.get(UCX_WHEEL_ENV) and not args.tcp:
+        # As scripts/test.sh: the libucx wheel's UCX (Debian's 1.13 is refused).
+        try:
+            import libucx
+
+            os.environ[UCX_WHEEL_ENV] = os.path.join(os.path.dirname(libucx.__file__), "lib")
+        except ImportError:
+            print("WARNING: no libucx wheel (scripts/setup.sh installs it): no UCX", flush=True)
+    reason = n_hosts.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"bench/scale.py: no N-host bed can be made here: {reason}")
+    transport = "TCP fallback (UCX hidden)" if args.tcp else "UCX"
+    print(f"scale: N = {counts}, store {args.store}, {transport}, all-to-all of {args.sizes} bytes "
+          f"per pair", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="xh-scale-") as logs:
+        for n in counts:
+            row = measure(n, args, Path(logs))
+            rows.append(row)
+            print(f"N={n}: created in {row['create_s']:.2f} s, all-to-all {row['a2a_s']:.2f} s", flush=True)
+    print()
+    print("per process, mean over the N: c: after creation, a: after the all-to-all round; fds, "
+          "threads, RSS MiB, established TCP connections to other hosts (tcp) and to the store host (+st)")
+    print(table(rows))
+    print("a, b: least squares a + b*(N-1)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
