@@ -286,8 +286,10 @@ fn track_etcd_peers(etcd: &EtcdHandle, session: &Session, name: &str) {
             )
         })
         .collect();
+    let prefix = Session::entries_prefix(name, &session.epoch);
     let session = session.clone();
-    etcd.track_processes(
+    let tracked = etcd.track_processes(
+        &prefix,
         entries,
         Box::new(move |key| {
             let device = keys::writer_device_of(key)?;
@@ -296,6 +298,9 @@ fn track_etcd_peers(etcd: &EtcdHandle, session: &Session, name: &str) {
                 .map(|p| p.process_index as u32)
         }),
     );
+    if let Err(e) = tracked {
+        log::warn!("etcd: the job's processes are not watched for liveness: {e}");
+    }
 }
 
 #[cfg(not(feature = "etcd"))]
@@ -374,6 +379,9 @@ fn start_ucx(
         .map(|p| p.process_index)
         .collect();
     let forced = options.transport == TransportChoice::Ucx;
+    // The same answer in every process (a job that spans hosts gives each
+    // process a peer on another host): the address exchange below needs
+    // all of them or none.
     if peers.is_empty() && !forced {
         return Ok(None);
     }
@@ -385,13 +393,15 @@ fn start_ucx(
             Ok(addresses) => Ok(addresses.as_slice()),
             Err(e) => Err(e.message.as_str()),
         };
-        let without = session.exchange_ucx(
-            store,
-            &options.session,
-            mine,
-            &peers,
-            options.session_timeout,
-        )?;
+        let without =
+            session.exchange_ucx(store, &options.session, mine, options.session_timeout)?;
+        // Every process learns every address; only the peers reached over
+        // UCX matter here (under `auto`, the ones on other hosts).
+        session.ucx.retain(|peer, _| peers.contains(peer));
+        let without: Vec<(i32, String)> = without
+            .into_iter()
+            .filter(|(peer, _)| peers.contains(peer))
+            .collect();
         if forced {
             if let Some((peer, reason)) = without.first() {
                 return Err(crate::status::failed_precondition(format!(

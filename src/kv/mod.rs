@@ -50,10 +50,36 @@ pub(crate) fn get_by_waiting(
     timeout: Duration,
     late: impl FnOnce() -> Status,
 ) -> Result<Vec<u8>> {
+    wait_for_value(store, key, None, timeout, late)
+}
+
+/// `get`, except that a value equal to `seen` does not count: the value
+/// that replaces it, if one comes within `timeout` (`DEADLINE_EXCEEDED`
+/// otherwise).
+pub(crate) fn get_other_than(
+    store: &dyn KeyValueStore,
+    key: &str,
+    seen: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>> {
+    wait_for_value(store, key, Some(seen), timeout, || {
+        crate::status::deadline_exceeded(format!(
+            "{key} still holds the value already seen after {timeout:?}"
+        ))
+    })
+}
+
+fn wait_for_value(
+    store: &dyn KeyValueStore,
+    key: &str,
+    unless: Unless,
+    timeout: Duration,
+    late: impl FnOnce() -> Status,
+) -> Result<Vec<u8>> {
     let (tx, rx) = crossbeam_channel::bounded(1);
     let id = store.async_get(
         key,
-        None,
+        unless,
         Box::new(move |value| {
             let _ = tx.send(value);
         }),

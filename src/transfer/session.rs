@@ -17,13 +17,16 @@
 //! (JAX's coordination service is per job, so under JAX this holds).
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::kv::KeyValueStore;
-use crate::status::{self, Result};
+use crate::status::{self, Result, Status};
 use crate::transport::control::{ControlEndpoint, Secret};
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
+
+mod epoch_record;
+pub mod roster;
 
 /// The most devices a peer's session entry may state (XLA numbers a
 /// process's devices below 2048 apart; twice that is generous).
@@ -151,6 +154,10 @@ impl ProcessEntry {
             "-" => None,
             text => Some(ControlEndpoint::decode(text).ok_or_else(bad)?),
         };
+        // One entry is one line of process 0's roster.
+        if kind.contains('\n') {
+            return Err(bad());
+        }
         let num_devices: usize = devices.parse().map_err(|_| bad())?;
         // A peer states its own count; an absurd one would make every
         // process allocate that many devices at client creation.
@@ -236,14 +243,27 @@ impl Session {
     /// On a store with leases (etcd) this key lives exactly as long as the
     /// process does.
     pub fn entry_key(name: &str, epoch: &str, index: usize) -> String {
-        format!("crosshost/session/{name}/{epoch}/process/{index}")
+        format!("{}{index}", Session::entries_prefix(name, epoch))
+    }
+
+    /// The prefix of every process's entry (one watch covers them all).
+    pub fn entries_prefix(name: &str, epoch: &str) -> String {
+        format!("crosshost/session/{name}/{epoch}/process/")
+    }
+
+    /// Where process 0 publishes the job's table (a `roster`).
+    pub fn roster_key(name: &str, epoch: &str) -> String {
+        format!("crosshost/session/{name}/{epoch}/roster")
     }
 
     /// Agrees on the epoch and exchanges process entries with the other
-    /// `num_processes - 1` processes, waiting at most `timeout` for each.
-    /// `control` starts this process's control links (and TCP receive
-    /// server) once the job's secret is known and returns where peers reach
-    /// them (`Reachable`, or just the control endpoint or `None`).
+    /// `num_processes - 1` processes: each writes its entry, process 0
+    /// gathers them (waiting at most `timeout` in all) and publishes the
+    /// table, which every other process reads in one call (waiting at most
+    /// `timeout` for it). `control` starts this process's control links (and
+    /// TCP receive server) once the job's secret is known and returns where
+    /// peers reach them (`Reachable`, or just the control endpoint or
+    /// `None`).
     #[allow(clippy::too_many_arguments)]
     pub fn establish<R: Into<Reachable>>(
         store: &dyn KeyValueStore,
@@ -255,62 +275,59 @@ impl Session {
         timeout: Duration,
         control: impl FnOnce(&str, Secret) -> Result<R>,
     ) -> Result<Session> {
-        let epoch_key = format!("crosshost/session/{name}/epoch");
         let (epoch, secret) = if process_index == 0 {
-            let epoch = format!("{:016x}", random_u64()?);
-            let secret = Secret::generate()?;
-            store.set(
-                &epoch_key,
-                format!("{epoch} {}", secret.to_hex()).as_bytes(),
-            )?;
-            (epoch, secret)
+            epoch_record::publish(store, name)?
         } else {
-            let bytes = store.get(&epoch_key, timeout).map_err(|e| {
-                status::Status::new(
-                    e.code,
-                    format!(
-                        "waiting for process 0 to publish session {name:?}: {}",
-                        e.message
-                    ),
-                )
-            })?;
-            let bad = || status::data_loss(format!("session {name:?}: malformed epoch record"));
-            let text = String::from_utf8(bytes).map_err(|_| bad())?;
-            let (epoch, secret) = text.split_once(' ').ok_or_else(bad)?;
-            (epoch.to_string(), Secret::from_hex(secret).ok_or_else(bad)?)
+            epoch_record::await_fresh(store, name, timeout)?
         };
+        let gathering_since = Instant::now();
         let mut me = ProcessEntry::mine(process_index, devices, transport)?;
         let reachable: Reachable = control(&epoch, secret)?.into();
         me.control = reachable.control;
         me.tcp_data = reachable.tcp_data;
-        let entry_key = |i: usize| Session::entry_key(name, &epoch, i);
-        store.set(&entry_key(process_index as usize), me.encode().as_bytes())?;
-        let mut processes = Vec::with_capacity(num_processes);
-        for i in 0..num_processes {
-            if i == process_index as usize {
-                processes.push(me.clone());
-                continue;
+        // Every process writes its own entry: on a store with leases it is
+        // the process's liveness key.
+        store.set(
+            &Session::entry_key(name, &epoch, process_index as usize),
+            me.encode().as_bytes(),
+        )?;
+        let roster_key = Session::roster_key(name, &epoch);
+        let processes = if process_index == 0 {
+            let deadline = gathering_since + timeout;
+            let gathered = gather_entries(store, name, &epoch, &me, num_processes, deadline);
+            match gathered {
+                Ok(processes) => {
+                    let lines: Vec<String> = processes.iter().map(ProcessEntry::encode).collect();
+                    roster::publish(store, &roster_key, &lines)?;
+                    processes
+                }
+                Err(e) => {
+                    roster::publish_failure(store, &roster_key, &e);
+                    return Err(e);
+                }
             }
-            let bytes = store.get(&entry_key(i), timeout).map_err(|e| {
-                status::Status::new(
-                    e.code,
-                    format!(
-                        "waiting for process {i} to join session {name:?}: {}",
-                        e.message
-                    ),
-                )
-            })?;
-            let entry = ProcessEntry::decode(i as i32, &bytes)?;
-            if entry.transport != transport {
+        } else {
+            let waiting = format!("waiting for process 0 to form session {name:?}");
+            let lines = roster::read(store, &roster_key, num_processes, timeout, &waiting)?;
+            let processes = lines
+                .iter()
+                .enumerate()
+                .map(|(i, line)| ProcessEntry::decode(i as i32, line.as_bytes()))
+                .collect::<Result<Vec<_>>>()?;
+            let listed = &processes[process_index as usize];
+            if listed.pid != me.pid || listed.host != me.host {
                 return Err(status::failed_precondition(format!(
-                    "session {name:?}: process {i} uses transport={} and this process (process \
-                     {process_index}) transport={transport}: every process of a job needs the same \
-                     transport",
-                    entry.transport
+                    "session {name:?}: process 0 lists pid {} on {} as process {process_index}, \
+                     not this process (pid {} on {}): two processes were started with the same \
+                     index",
+                    listed.pid, listed.host.hostname, me.pid, me.host.hostname
                 )));
             }
-            processes.push(entry);
-        }
+            if let Some(other) = processes.iter().find(|p| p.transport != transport) {
+                return Err(mixed_transports(name, other, process_index, transport));
+            }
+            processes
+        };
         let total: usize = processes.iter().map(|p| p.num_devices).sum();
         if total > i32::MAX as usize {
             return Err(status::data_loss(format!(
@@ -332,62 +349,88 @@ impl Session {
         format!("crosshost/session/{name}/{epoch}/ucx/{index}")
     }
 
+    /// Where process 0 publishes every process's UCX worker addresses.
+    pub fn ucx_roster_key(name: &str, epoch: &str) -> String {
+        format!("crosshost/session/{name}/{epoch}/ucx-roster")
+    }
+
     /// Publishes this process's UCX worker addresses (or, `Err`, why it has
-    /// none) and reads those of `peers`, waiting at most `timeout` for each.
-    /// Peers without any are left out of `ucx`; their reasons come back.
+    /// none) and learns every other process's, through process 0 as the
+    /// entries are (one read per process; process 0 waits at most `timeout`
+    /// for them all). Every process of the job calls it, or none: UCX is
+    /// wanted by all when the job spans hosts or `transport=ucx`. Peers
+    /// without addresses are left out of `ucx`; their reasons come back.
     pub fn exchange_ucx(
         &mut self,
         store: &dyn KeyValueStore,
         name: &str,
         mine: std::result::Result<&[Vec<u8>], &str>,
-        peers: &[i32],
         timeout: Duration,
     ) -> Result<Vec<(i32, String)>> {
-        let value = match mine {
-            Ok(addresses) => {
-                let list: Vec<String> = addresses.iter().map(|a| hex(a)).collect();
-                format!("xu1 {}", list.join(","))
-            }
-            Err(reason) => format!("xu1 - {}", reason.replace('\n', " ")),
+        let mine = match mine {
+            Ok(addresses) => UcxStated::Addresses(addresses.to_vec()),
+            Err(reason) => UcxStated::Without(reason.to_string()),
         };
         store.set(
             &Session::ucx_key(name, &self.epoch, self.process_index),
-            value.as_bytes(),
+            mine.encode().as_bytes(),
         )?;
-        let mut without = Vec::new();
-        for &peer in peers {
-            let bytes = store
-                .get(&Session::ucx_key(name, &self.epoch, peer), timeout)
-                .map_err(|e| {
-                    status::Status::new(
-                        e.code,
-                        format!(
-                            "waiting for process {peer} of session {name:?} to state its UCX address: {}",
-                            e.message
-                        ),
-                    )
-                })?;
-            let bad = || {
-                status::data_loss(format!(
-                    "session {name:?}: process {peer}'s UCX address is malformed"
-                ))
-            };
-            let text = String::from_utf8(bytes).map_err(|_| bad())?;
-            match text.strip_prefix("xu1 ").ok_or_else(bad)? {
-                reason if reason.starts_with("- ") => {
-                    without.push((peer, reason[2..].to_string()));
-                }
-                list => {
-                    let addresses = list
-                        .split(',')
-                        .map(|text| unhex(text).filter(|a| !a.is_empty()).ok_or_else(bad))
-                        .collect::<Result<Vec<Vec<u8>>>>()?;
-                    let total: usize = addresses.iter().map(Vec::len).sum();
-                    if addresses.len() > MAX_UCX_WORKERS || total > MAX_UCX_ADDRESS_LEN {
-                        return Err(bad());
+        let roster_key = Session::ucx_roster_key(name, &self.epoch);
+        let count = self.processes.len();
+        let stated: Vec<UcxStated> = if self.process_index == 0 {
+            let deadline = Instant::now() + timeout;
+            let gathered = (0..count as i32)
+                .map(|peer| {
+                    if peer == 0 {
+                        return Ok(mine.clone());
                     }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let bytes = store
+                        .get(&Session::ucx_key(name, &self.epoch, peer), left)
+                        .map_err(|e| {
+                            status::Status::new(
+                                e.code,
+                                format!(
+                                    "waiting for process {peer} of session {name:?} to state its \
+                                     UCX address: {}",
+                                    e.message
+                                ),
+                            )
+                        })?;
+                    UcxStated::decode(name, peer, &bytes)
+                })
+                .collect::<Result<Vec<_>>>();
+            match gathered {
+                Ok(stated) => {
+                    let lines: Vec<String> = stated.iter().map(UcxStated::encode).collect();
+                    roster::publish(store, &roster_key, &lines)?;
+                    stated
+                }
+                Err(e) => {
+                    roster::publish_failure(store, &roster_key, &e);
+                    return Err(e);
+                }
+            }
+        } else {
+            let waiting =
+                format!("waiting for process 0 to gather session {name:?}'s UCX addresses");
+            roster::read(store, &roster_key, count, timeout, &waiting)?
+                .iter()
+                .enumerate()
+                .map(|(peer, line)| UcxStated::decode(name, peer as i32, line.as_bytes()))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut without = Vec::new();
+        for (peer, stated) in stated.into_iter().enumerate() {
+            let peer = peer as i32;
+            if peer == self.process_index {
+                continue;
+            }
+            match stated {
+                UcxStated::Addresses(addresses) => {
                     self.ucx.insert(peer, addresses);
                 }
+                UcxStated::Without(reason) => without.push((peer, reason)),
             }
         }
         Ok(without)
@@ -417,6 +460,102 @@ impl Session {
             .zip(self.device_ids())
             .find(|(_, ids)| ids.contains(&global_id))
             .map(|(p, _)| p)
+    }
+}
+
+/// Process 0's part of `establish`: every entry (its own is `me`), each
+/// waited for until `deadline`.
+fn gather_entries(
+    store: &dyn KeyValueStore,
+    name: &str,
+    epoch: &str,
+    me: &ProcessEntry,
+    num_processes: usize,
+    deadline: Instant,
+) -> Result<Vec<ProcessEntry>> {
+    let mut processes = Vec::with_capacity(num_processes);
+    for i in 0..num_processes {
+        if i == me.process_index as usize {
+            processes.push(me.clone());
+            continue;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let bytes = store
+            .get(&Session::entry_key(name, epoch, i), left)
+            .map_err(|e| {
+                status::Status::new(
+                    e.code,
+                    format!(
+                        "waiting for process {i} to join session {name:?}: {}",
+                        e.message
+                    ),
+                )
+            })?;
+        let entry = ProcessEntry::decode(i as i32, &bytes)?;
+        if entry.transport != me.transport {
+            return Err(mixed_transports(
+                name,
+                &entry,
+                me.process_index,
+                &me.transport,
+            ));
+        }
+        processes.push(entry);
+    }
+    Ok(processes)
+}
+
+fn mixed_transports(name: &str, other: &ProcessEntry, me: i32, transport: &str) -> Status {
+    status::failed_precondition(format!(
+        "session {name:?}: process {} uses transport={} and process {me} transport={transport}: \
+         every process of a job needs the same transport",
+        other.process_index, other.transport
+    ))
+}
+
+/// What a process states about UCX: its workers' addresses, or why it has
+/// none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum UcxStated {
+    Addresses(Vec<Vec<u8>>),
+    Without(String),
+}
+
+impl UcxStated {
+    fn encode(&self) -> String {
+        match self {
+            UcxStated::Addresses(addresses) => {
+                let list: Vec<String> = addresses.iter().map(|a| hex(a)).collect();
+                format!("xu1 {}", list.join(","))
+            }
+            UcxStated::Without(reason) => format!("xu1 - {}", reason.replace('\n', " ")),
+        }
+    }
+
+    fn decode(name: &str, peer: i32, bytes: &[u8]) -> Result<UcxStated> {
+        let bad = || {
+            status::data_loss(format!(
+                "session {name:?}: process {peer}'s UCX address is malformed"
+            ))
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        if text.contains('\n') {
+            return Err(bad());
+        }
+        match text.strip_prefix("xu1 ").ok_or_else(bad)? {
+            reason if reason.starts_with("- ") => Ok(UcxStated::Without(reason[2..].to_string())),
+            list => {
+                let addresses = list
+                    .split(',')
+                    .map(|text| unhex(text).filter(|a| !a.is_empty()).ok_or_else(bad))
+                    .collect::<Result<Vec<Vec<u8>>>>()?;
+                let total: usize = addresses.iter().map(Vec::len).sum();
+                if addresses.len() > MAX_UCX_WORKERS || total > MAX_UCX_ADDRESS_LEN {
+                    return Err(bad());
+                }
+                Ok(UcxStated::Addresses(addresses))
+            }
+        }
     }
 }
 
@@ -608,39 +747,15 @@ mod tests {
     }
 
     #[test]
-    fn ucx_addresses_travel_between_the_peers_that_need_them_and_reasons_otherwise() {
+    fn ucx_addresses_travel_to_every_process_and_reasons_otherwise() {
         let store = Arc::new(MemoryStore::new());
-        let s2 = store.clone();
-        let other = std::thread::spawn(move || {
-            let mut session = Session::establish(
-                &*s2,
-                "ucx",
-                1,
-                3,
-                host(1),
-                "auto",
-                Duration::from_secs(10),
-                no_control,
-            )
-            .unwrap();
-            let without = session
-                .exchange_ucx(
-                    &*s2,
-                    "ucx",
-                    Ok(&[vec![1, 2, 0xff], vec![3]]),
-                    &[0, 2],
-                    Duration::from_secs(10),
-                )
-                .unwrap();
-            (session, without)
-        });
-        let third = {
+        let join = |index: i32, mine: std::result::Result<Vec<Vec<u8>>, String>| {
             let store = store.clone();
             std::thread::spawn(move || {
                 let mut session = Session::establish(
                     &*store,
                     "ucx",
-                    2,
+                    index,
                     3,
                     host(1),
                     "auto",
@@ -648,51 +763,168 @@ mod tests {
                     no_control,
                 )
                 .unwrap();
-                session
-                    .exchange_ucx(
-                        &*store,
-                        "ucx",
-                        Err("no libucp"),
-                        &[1],
-                        Duration::from_secs(10),
-                    )
+                let mine = match &mine {
+                    Ok(addresses) => Ok(addresses.as_slice()),
+                    Err(reason) => Err(reason.as_str()),
+                };
+                let without = session
+                    .exchange_ucx(&*store, "ucx", mine, Duration::from_secs(10))
                     .unwrap();
+                (session, without)
+            })
+        };
+        let second = join(1, Ok(vec![vec![1, 2, 0xff], vec![3]]));
+        let third = join(2, Err("no libucp\nat all".to_string()));
+        let first = join(0, Ok(vec![vec![9]]));
+        let (first, first_without) = first.join().unwrap();
+        let (second, second_without) = second.join().unwrap();
+        let (third, _) = third.join().unwrap();
+        assert_eq!(first.ucx.get(&1), Some(&vec![vec![1, 2, 0xff], vec![3]]));
+        assert_eq!(second.ucx.get(&0), Some(&vec![vec![9]]));
+        assert_eq!(third.ucx.get(&1), first.ucx.get(&1));
+        assert!(!second.ucx.contains_key(&2) && !second.ucx.contains_key(&1));
+        let reason = vec![(2, "no libucp at all".to_string())];
+        assert_eq!((first_without, second_without), (reason.clone(), reason));
+        // Each process read one roster, not one key per peer.
+        assert!(store
+            .try_get(&(Session::ucx_roster_key("ucx", &first.epoch) + "/0"))
+            .is_ok());
+    }
+
+    #[test]
+    fn a_garbled_ucx_address_is_refused_and_the_others_are_told() {
+        let store = Arc::new(MemoryStore::new());
+        let other = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let session = Session::establish(
+                    &*store,
+                    "garbled",
+                    1,
+                    2,
+                    host(1),
+                    "auto",
+                    Duration::from_secs(10),
+                    no_control,
+                )
+                .unwrap();
+                // Bypass the encoder: a peer (or forger) writing nonsense.
+                let key = Session::ucx_key("garbled", &session.epoch, 1);
+                store.set(&key, b"xu1 zz").unwrap();
+                let roster = Session::ucx_roster_key("garbled", &session.epoch);
+                roster::read(&*store, &roster, 2, Duration::from_secs(10), "t").unwrap_err()
             })
         };
         let mut first = Session::establish(
             &*store,
-            "ucx",
+            "garbled",
             0,
-            3,
+            2,
             host(1),
             "auto",
             Duration::from_secs(10),
             no_control,
         )
         .unwrap();
-        let without = first
-            .exchange_ucx(
-                &*store,
-                "ucx",
-                Ok(&[vec![9]]),
-                &[1],
-                Duration::from_secs(10),
-            )
-            .unwrap();
-        assert!(without.is_empty());
-        assert_eq!(first.ucx.get(&1), Some(&vec![vec![1, 2, 0xff], vec![3]]));
-        let (second, reasons) = other.join().unwrap();
-        third.join().unwrap();
-        assert_eq!(second.ucx.get(&0), Some(&vec![vec![9]]));
-        assert!(!second.ucx.contains_key(&2));
-        assert_eq!(reasons, vec![(2, "no libucp".to_string())]);
-        // A garbled address is refused, not half-read.
-        store
-            .set(&Session::ucx_key("ucx", &first.epoch, 1), b"xu1 zz")
-            .unwrap();
         let err = first
-            .exchange_ucx(&*store, "ucx", Ok(&[vec![9]]), &[1], Duration::from_secs(1))
+            .exchange_ucx(&*store, "garbled", Ok(&[vec![9]]), Duration::from_secs(10))
             .unwrap_err();
         assert_eq!(err.code, crate::status::Code::DataLoss);
+        let told = other.join().unwrap();
+        assert_eq!(told.code, crate::status::Code::DataLoss, "{told}");
+        assert!(told.message.contains("process 0 gave up"), "{told}");
+    }
+
+    #[test]
+    fn each_process_but_the_first_reads_the_job_in_a_constant_number_of_calls() {
+        use crate::kv::{Op, TestStore};
+        let shared: Arc<dyn KeyValueStore> = Arc::new(MemoryStore::new());
+        let count = 2 * roster::CHUNK_LINES + 3;
+        let stores: Vec<Arc<TestStore>> = (0..count)
+            .map(|_| Arc::new(TestStore::new(shared.clone())))
+            .collect();
+        let joins: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    Session::establish(
+                        &*store,
+                        "big",
+                        i as i32,
+                        count,
+                        host(1),
+                        "auto",
+                        Duration::from_secs(30),
+                        no_control,
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        let sessions: Vec<Session> = joins.into_iter().map(|j| j.join().unwrap()).collect();
+        assert!(sessions
+            .iter()
+            .all(|s| s.processes == sessions[0].processes));
+        assert_eq!(sessions[0].processes.len(), count);
+        for (i, store) in stores.iter().enumerate().skip(1) {
+            // The epoch and the roster's first chunk; its other chunks are
+            // read without waiting.
+            assert_eq!(store.calls(Op::Get), 2, "process {i}");
+            assert_eq!(store.calls(Op::TryGet), 2, "process {i}");
+            assert_eq!(store.calls(Op::Set), 1, "process {i}");
+        }
+        assert_eq!(stores[0].calls(Op::Get), count - 1);
+    }
+
+    #[test]
+    fn two_processes_with_one_index_are_told() {
+        let store = Arc::new(MemoryStore::new());
+        // Process 1's entry, written by another process claiming index 1.
+        let impostor = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                Session::establish(
+                    &*store,
+                    "twice",
+                    0,
+                    2,
+                    host(1),
+                    "auto",
+                    Duration::from_secs(10),
+                    no_control,
+                )
+            })
+        };
+        while store.try_get(&epoch_record::key("twice")).is_err() {
+            std::thread::yield_now();
+        }
+        let (epoch, _) =
+            epoch_record::await_fresh(&*store, "twice", Duration::from_secs(5)).unwrap();
+        let mut entry = ProcessEntry::mine(1, host(1), "auto").unwrap();
+        entry.pid += 1;
+        store
+            .set(
+                &Session::entry_key("twice", &epoch, 1),
+                entry.encode().as_bytes(),
+            )
+            .unwrap();
+        impostor.join().unwrap().unwrap();
+        // This process's own write lands after process 0 gathered: the
+        // roster names the other pid.
+        let err = Session::establish(
+            &*store,
+            "twice",
+            1,
+            2,
+            host(1),
+            "auto",
+            Duration::from_secs(10),
+            no_control,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, crate::status::Code::FailedPrecondition);
+        assert!(err.message.contains("the same index"), "{err}");
     }
 }
