@@ -177,10 +177,13 @@ fn tracking(server: &EtcdServer) -> (Arc<EtcdStore>, Arc<EtcdStore>) {
     let reader = store(server, Duration::from_secs(5));
     let writer = store(server, Duration::from_secs(5));
     writer.set("crosshost/live/1", b"entry").unwrap();
-    reader.track_processes(
-        vec![(1, "crosshost/live/1".into())],
-        Box::new(|key| key.starts_with("crosshost/w1/").then_some(1)),
-    );
+    reader
+        .track_processes(
+            "crosshost/live/",
+            vec![(1, "crosshost/live/1".into())],
+            Box::new(|key| key.starts_with("crosshost/w1/").then_some(1)),
+        )
+        .unwrap();
     settled(&reader);
     (reader, writer)
 }
@@ -217,6 +220,66 @@ fn a_writer_that_goes_fails_the_waits_on_its_keys_naming_it_and_nothing_else() {
     assert_eq!(delivered(&later).unwrap_err().code, Code::Unavailable);
     reader.set("crosshost/w2/receipt", b"fine").unwrap();
     assert_eq!(delivered(&other).unwrap(), b"fine");
+}
+
+#[test]
+fn many_processes_are_watched_with_one_watch_and_each_loss_names_only_its_process() {
+    let server = EtcdServer::start_new();
+    let reader = store(&server, Duration::from_secs(5));
+    let writers: Vec<Arc<EtcdStore>> = (0..8)
+        .map(|i| {
+            let w = store(&server, Duration::from_secs(5));
+            w.set(&format!("crosshost/live/{i}"), b"entry").unwrap();
+            w
+        })
+        .collect();
+    reader
+        .track_processes(
+            "crosshost/live/",
+            (0..9u32)
+                .map(|i| (i, format!("crosshost/live/{i}")))
+                .collect(),
+            Box::new(|key| {
+                key.strip_prefix("crosshost/w")?
+                    .split('/')
+                    .next()?
+                    .parse()
+                    .ok()
+            }),
+        )
+        .unwrap();
+    settled(&reader);
+    assert_eq!(
+        reader.active_watches(),
+        1,
+        "one prefix watch for 8 processes"
+    );
+    let waits: Vec<_> = (0..8)
+        .map(|i| {
+            let (cb, rx) = waiter();
+            reader
+                .async_get(&format!("crosshost/w{i}/receipt"), None, cb)
+                .unwrap();
+            rx
+        })
+        .collect();
+    settled(&reader);
+    let mut writers: Vec<Option<Arc<EtcdStore>>> = writers.into_iter().map(Some).collect();
+    drop(writers[5].take()); // revokes its lease: its liveness key goes
+    let e = delivered(&waits[5]).unwrap_err();
+    assert_eq!(e.code, Code::Unavailable);
+    assert!(e.message.contains("process 5"), "{e}");
+    for (i, rx) in waits.iter().enumerate().filter(|(i, _)| *i != 5) {
+        assert!(
+            rx.try_recv().is_err(),
+            "process {i}'s wait ended with 5's loss"
+        );
+    }
+    // Process 8 never wrote its entry: lost as soon as the watch is armed.
+    let (cb, eight) = waiter();
+    reader.async_get("crosshost/w8/receipt", None, cb).unwrap();
+    let e = delivered(&eight).unwrap_err();
+    assert!(e.message.contains("process 8"), "{e}");
 }
 
 #[test]

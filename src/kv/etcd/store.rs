@@ -135,18 +135,25 @@ impl EtcdStore {
         self.lease.id()
     }
 
-    /// Watches the given processes' liveness keys (their session entries);
-    /// a process whose key disappears fails the waits on keys it writes.
-    pub fn track_processes(&self, entries: Vec<(u32, String)>, writer_of: WriterOf) {
+    /// Watches the given processes' liveness keys (their session entries,
+    /// all under `prefix`: one watch for them all); a process whose key
+    /// disappears fails the waits on keys it writes.
+    pub fn track_processes(
+        &self,
+        prefix: &str,
+        entries: Vec<(u32, String)>,
+        writer_of: WriterOf,
+    ) -> Result<()> {
         let entries = entries
             .into_iter()
             .map(|(process, key)| (process, self.key(&key)))
             .collect();
-        let prefix = self.config.access.key_prefix.clone();
+        let key_prefix = self.config.access.key_prefix.clone();
         self.watches.track_processes(
+            &self.key(prefix),
             entries,
-            Box::new(move |key| writer_of(key.strip_prefix(prefix.as_str())?)),
-        );
+            Box::new(move |key| writer_of(key.strip_prefix(key_prefix.as_str())?)),
+        )
     }
 
     /// The key's name in etcd: under the job's key prefix.

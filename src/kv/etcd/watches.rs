@@ -15,8 +15,9 @@
 //! compacted start revision) is re-armed the same way.
 //!
 //! Liveness: each process of the job keeps its session entry under its
-//! lease. An entry's deletion (lease revoked or expired) marks its process
-//! lost; waits on keys that process writes (the key names say who writes
+//! lease, all entries under one prefix, watched by one prefix watch (not
+//! one per peer: etcd's work then grows with the job, not its square). An
+//! entry's deletion (lease revoked or expired) marks its process lost; waits on keys that process writes (the key names say who writes
 //! them) then end UNAVAILABLE, naming it, instead of at their deadline. A
 //! value the lost process wrote before it went is still delivered: the check
 //! reads the key as it was just before the deletion.
@@ -49,13 +50,14 @@ enum Waiter {
         unless: Option<Vec<u8>>,
         callback: GetCallback,
     },
-    /// A liveness key: its absence means `process` is gone.
-    Absence { process: u32 },
 }
 
 #[derive(Default)]
 struct KeyEntry {
     waiters: Vec<Waiter>,
+    /// For a prefix of liveness keys: each key's process (its absence
+    /// means the process is gone). Such an entry is watched as a prefix.
+    members: Option<HashMap<String, u32>>,
     /// The watch covering this key on the live stream.
     watch: Option<i64>,
     /// etcd confirmed that watch: a Range now sees everything before it.
@@ -68,9 +70,11 @@ struct KeyEntry {
 
 impl KeyEntry {
     fn has_value_waiters(&self) -> bool {
-        self.waiters
-            .iter()
-            .any(|w| matches!(w, Waiter::Value { .. }))
+        !self.waiters.is_empty()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.waiters.is_empty() && self.members.as_ref().is_none_or(HashMap::is_empty)
     }
 
     /// Removes the waiters `value` satisfies, for delivery.
@@ -91,27 +95,27 @@ impl KeyEntry {
 
     /// Removes every value waiter, each to be failed with `error`.
     fn take_value_waiters(&mut self, error: &Status, fires: &mut Vec<Fire>) {
-        let mut kept = Vec::new();
-        for waiter in self.waiters.drain(..) {
-            match waiter {
-                Waiter::Value { callback, .. } => fires.push((callback, Err(error.clone()))),
-                other => kept.push(other),
-            }
+        for Waiter::Value { callback, .. } in self.waiters.drain(..) {
+            fires.push((callback, Err(error.clone())));
         }
-        self.waiters = kept;
     }
 
-    /// Removes the liveness waiters: their processes are gone.
-    fn take_absences(&mut self) -> Vec<u32> {
-        let mut gone = Vec::new();
-        self.waiters.retain(|w| match w {
-            Waiter::Absence { process } => {
-                gone.push(*process);
-                false
-            }
-            _ => true,
-        });
-        gone
+    /// The member whose liveness key is `key`, gone.
+    fn take_member(&mut self, key: &str) -> Option<u32> {
+        self.members.as_mut()?.remove(key)
+    }
+
+    /// The members whose liveness keys are not in `present`, gone.
+    fn take_missing(&mut self, present: &HashSet<String>) -> Vec<u32> {
+        let Some(members) = self.members.as_mut() else {
+            return Vec::new();
+        };
+        let missing: Vec<String> = members
+            .keys()
+            .filter(|k| !present.contains(*k))
+            .cloned()
+            .collect();
+        missing.iter().filter_map(|k| members.remove(k)).collect()
     }
 }
 
@@ -168,11 +172,13 @@ impl State {
         }
         entry.watch = Some(watch_id);
         entry.confirmed = false;
+        let prefix = entry.members.is_some();
         self.next_watch_id += 1;
         self.by_watch.insert(watch_id, key.to_string());
         let _ = requests.send(StreamRequest::Create {
             generation,
             key: key.to_string(),
+            prefix,
             watch_id,
             start_revision,
         });
@@ -180,7 +186,7 @@ impl State {
 
     /// Drops an entry nobody waits on, and its watch.
     fn forget_if_idle(&mut self, key: &str, requests: &mpsc::UnboundedSender<StreamRequest>) {
-        let idle = self.keys.get(key).is_some_and(|e| e.waiters.is_empty());
+        let idle = self.keys.get(key).is_some_and(KeyEntry::is_idle);
         if !idle {
             return;
         }
@@ -200,6 +206,8 @@ enum StreamRequest {
     Create {
         generation: u64,
         key: String,
+        /// Watch every key under `key`.
+        prefix: bool,
         watch_id: i64,
         start_revision: i64,
     },
@@ -346,32 +354,40 @@ impl Watches {
         let before = entry.waiters.len();
         entry
             .waiters
-            .retain(|w| !matches!(w, Waiter::Value { id: mine, .. } if *mine == id.0));
+            .retain(|Waiter::Value { id: mine, .. }| *mine != id.0);
         let found = entry.waiters.len() < before;
         state.forget_if_idle(key, &self.requests);
         found
     }
 
-    /// From now on, the processes whose liveness keys are given are watched;
-    /// `writer_of` says whose keys a lost process leaves unwritten.
+    /// From now on, the processes whose liveness keys are given (all under
+    /// `prefix`) are watched, with one watch of the prefix; `writer_of` says
+    /// whose keys a lost process leaves unwritten.
     pub(super) fn track_processes(
         self: &Arc<Self>,
+        prefix: &str,
         entries: Vec<(u32, String)>,
         writer_of: WriterOf,
-    ) {
-        {
-            let mut state = self.state.lock();
-            state.writer_of = Some(writer_of);
-            for (process, key) in &entries {
-                state
-                    .keys
-                    .entry(key.clone())
-                    .or_default()
-                    .waiters
-                    .push(Waiter::Absence { process: *process });
-                state.open_watch(key, &self.requests);
-            }
+    ) -> Result<()> {
+        if let Some((_, key)) = entries.iter().find(|(_, key)| !key.starts_with(prefix)) {
+            return Err(status::invalid_argument(format!(
+                "liveness key {key} is not under the tracked prefix {prefix}"
+            )));
         }
+        let mut state = self.state.lock();
+        state.writer_of = Some(writer_of);
+        let entry = state.keys.entry(prefix.to_string()).or_default();
+        if entry.has_value_waiters() {
+            return Err(status::failed_precondition(format!(
+                "{prefix} is waited on as a key: it cannot also be a prefix of liveness keys"
+            )));
+        }
+        entry
+            .members
+            .get_or_insert_with(HashMap::new)
+            .extend(entries.into_iter().map(|(process, key)| (key, process)));
+        state.open_watch(prefix, &self.requests);
+        Ok(())
     }
 
     /// Ends every wait: value waiters are failed (their callbacks run once,
@@ -398,9 +414,8 @@ impl Watches {
             .lock()
             .keys
             .values()
-            .flat_map(|e| &e.waiters)
-            .filter(|w| matches!(w, Waiter::Value { .. }))
-            .count()
+            .map(|e| e.waiters.len())
+            .sum()
     }
 
     /// Number of watches on the live stream (the anchor not counted).
@@ -427,17 +442,36 @@ impl Watches {
         });
     }
 
-    /// Range(key) (at `at_revision` for a lost writer's check), then settles
+    /// Range(key) (at `at_revision` for a lost writer's check; every key
+    /// under it, names only, for a prefix of liveness keys), then settles
     /// the key's waiters. The key's watch covers everything after.
     async fn arm(self: Arc<Self>, key: String, at_revision: Option<i64>, rearm: bool) {
         let mut client = self.client.clone();
-        let options = at_revision.map(|r| GetOptions::new().with_revision(r));
+        let prefix = self
+            .state
+            .lock()
+            .keys
+            .get(&key)
+            .is_some_and(|e| e.members.is_some());
+        let mut options =
+            at_revision.map_or_else(GetOptions::new, |r| GetOptions::new().with_revision(r));
+        if prefix {
+            options = options.with_prefix().with_keys_only();
+        }
         let what = format!("etcd range {key}");
         let range = runtime::bounded(&what, self.call_timeout, async {
             client
-                .get(key.as_str(), options)
+                .get(key.as_str(), Some(options))
                 .await
-                .map(|answer| answer.kvs().first().map(|kv| kv.value().to_vec()))
+                .map(|answer| {
+                    let present: HashSet<String> = answer
+                        .kvs()
+                        .iter()
+                        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                        .collect();
+                    let value = answer.kvs().first().map(|kv| kv.value().to_vec());
+                    (value, present)
+                })
                 .map_err(|e| status_of(&what, e))
         })
         .await;
@@ -454,10 +488,11 @@ impl Watches {
                 entry.rearming = false;
             }
             match range {
-                Ok(value) => {
-                    match &value {
-                        Some(v) => entry.take_satisfied(v, &mut fires),
-                        None => gone = entry.take_absences(),
+                Ok((value, present)) => {
+                    if prefix {
+                        gone = entry.take_missing(&present);
+                    } else if let Some(v) = &value {
+                        entry.take_satisfied(v, &mut fires);
                     }
                     if let Some(process) = lost_writer {
                         entry.take_value_waiters(&lost_status(process, &key), &mut fires);
@@ -580,12 +615,15 @@ impl Watches {
                     },
                     request = requests.recv() => match request {
                         None => return,
-                        Some(StreamRequest::Create { generation: g, key, watch_id, start_revision })
+                        Some(StreamRequest::Create { generation: g, key, prefix, watch_id, start_revision })
                             if g == generation =>
                         {
-                            let options = WatchOptions::new()
+                            let mut options = WatchOptions::new()
                                 .with_watch_id(watch_id)
                                 .with_start_revision(start_revision);
+                            if prefix {
+                                options = options.with_prefix();
+                            }
                             if let Err(e) = sender.watch(key, Some(options)).await {
                                 break status_of("etcd watch create", e).message;
                             }
@@ -723,16 +761,17 @@ impl Watches {
                 }
             } else if let Some(key) = state.by_watch.get(&id).cloned() {
                 if let Some(entry) = state.keys.get_mut(&key) {
+                    let prefix = entry.members.is_some();
                     for event in response.events() {
                         match (event.event_type(), event.kv()) {
-                            (EventType::Put, Some(kv)) => {
+                            (EventType::Put, Some(kv)) if !prefix => {
                                 entry.take_satisfied(kv.value(), &mut fires)
                             }
-                            (EventType::Delete, Some(kv)) => {
-                                let revision = kv.mod_revision();
-                                gone.extend(
-                                    entry.take_absences().into_iter().map(|p| (p, revision)),
-                                );
+                            (EventType::Delete, Some(kv)) if prefix => {
+                                let name = String::from_utf8_lossy(kv.key());
+                                if let Some(process) = entry.take_member(&name) {
+                                    gone.push((process, kv.mod_revision()));
+                                }
                             }
                             _ => {}
                         }
