@@ -8,7 +8,8 @@ port] of the job's KV server for the PJRT KV callbacks, or null when the
 options name the store, e.g. kv_store=etcd://...), store (the store host's
 address: connections to it are counted apart), sizes (bytes of the buffers
 each pair exchanges per round), rounds ("ring", "all"), timeout_s (bound on
-every wait), pause (after creation, print ``{"created": node}`` and wait for
+the plugin's deadlines; a transfer without an outcome well past it is
+reported "HUNG"), pause (after creation, print ``{"created": node}`` and wait for
 another line on stdin before the rounds).
 
 The worker loads the plugin, prints ``{"ready": node}`` and waits for a line
@@ -125,7 +126,10 @@ class Job:
         every buffer to ``to``; every outcome waited for until the deadline
         and every received byte checked."""
         started = time.monotonic()
-        deadline = started + self.deadline_s
+        # The plugin's own deadlines (receive_timeout_ms, send_timeout_ms)
+        # start at the calls below; an outcome still missing well past them
+        # is a hang.
+        deadline = started + self.deadline_s * 1.1 + 5
         n = len(self.specs)
         specs = [s for _ in frm for s in self.specs]
         buffers = self.xh.receive(
