@@ -369,6 +369,7 @@ fn start_ucx(
     options: &ClientOptions,
     session: &mut Session,
     store: &dyn KeyValueStore,
+    cuda_client: bool,
 ) -> Result<Option<UcxTransport>> {
     let local = HostIdentity::local()?;
     let me = session.process_index;
@@ -385,7 +386,7 @@ fn start_ucx(
     if peers.is_empty() && !forced {
         return Ok(None);
     }
-    let started = ucx::load(options.ucx_library.as_deref())
+    let started = ucx::load_for(options.ucx_library.as_deref(), cuda_client)
         .and_then(|loaded| UcxTransport::start(&loaded, me as u32));
     if options.num_nodes > 1 {
         let addresses = started.as_ref().map(UcxTransport::addresses);
@@ -636,7 +637,10 @@ impl Client {
         } else {
             Session::local(local, options.transport.name())?
         };
-        let ucx = start_ucx(&options, &mut session, &*framework_store)?;
+        // A UCX with CUDA transports is preferred for a client with CUDA
+        // devices (transport/ucx/library.rs).
+        let cuda_client = backend.name() == "cuda";
+        let ucx = start_ucx(&options, &mut session, &*framework_store, cuda_client)?;
         if let Some(etcd) = &etcd {
             track_etcd_peers(etcd, &session, &options.session);
         }

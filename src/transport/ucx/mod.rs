@@ -44,6 +44,7 @@
 //! buffer's nonce through the job's store, exactly as on every transport).
 //! Whoever can read the job's store can read tokens too: protecting the
 //! store protects the data plane.
+mod capabilities;
 mod library;
 pub mod sys;
 mod transfer;
@@ -51,7 +52,11 @@ mod transport;
 mod wire;
 mod worker;
 
-pub use library::{load, LoadedUcx, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV};
+pub use capabilities::{query, Capabilities};
+pub use library::{
+    choose, load, load_for, rdma_devices, survey, Candidate, Choice, LoadedUcx, Needs, Source,
+    Survey, MINIMUM_VERSION, RDMA_DEVICES_DIR_ENV, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV,
+};
 pub use transfer::{Payload, SendDone};
 pub use transport::UcxTransport;
 pub use worker::lane_transports;
