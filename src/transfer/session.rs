@@ -308,7 +308,13 @@ impl Session {
             }
         } else {
             let waiting = format!("waiting for process 0 to form session {name:?}");
-            let lines = roster::read(store, &roster_key, num_processes, timeout, &waiting)?;
+            let lines = roster::read(
+                store,
+                &roster_key,
+                num_processes,
+                timeout + roster::GRACE,
+                &waiting,
+            )?;
             let processes = lines
                 .iter()
                 .enumerate()
@@ -414,7 +420,7 @@ impl Session {
         } else {
             let waiting =
                 format!("waiting for process 0 to gather session {name:?}'s UCX addresses");
-            roster::read(store, &roster_key, count, timeout, &waiting)?
+            roster::read(store, &roster_key, count, timeout + roster::GRACE, &waiting)?
                 .iter()
                 .enumerate()
                 .map(|(peer, line)| UcxStated::decode(name, peer as i32, line.as_bytes()))
@@ -926,5 +932,28 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code, crate::status::Code::FailedPrecondition);
         assert!(err.message.contains("the same index"), "{err}");
+    }
+
+    #[test]
+    fn every_waiting_process_hears_which_process_did_not_join() {
+        let store = Arc::new(MemoryStore::new());
+        let timeout = Duration::from_millis(300);
+        let waiting = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                Session::establish(&*store, "gap", 1, 3, host(1), "auto", timeout, no_control)
+            })
+        };
+        let first = Session::establish(&*store, "gap", 0, 3, host(1), "auto", timeout, no_control)
+            .unwrap_err();
+        let second = waiting.join().unwrap().unwrap_err();
+        for err in [&first, &second] {
+            assert_eq!(err.code, crate::status::Code::DeadlineExceeded, "{err}");
+            assert!(
+                err.message.contains("waiting for process 2 to join"),
+                "{err}"
+            );
+        }
+        assert!(second.message.contains("process 0 gave up"), "{second}");
     }
 }

@@ -18,6 +18,11 @@ use crate::status::{self, Code, Result, Status};
 /// Lines per key.
 pub const CHUNK_LINES: usize = 64;
 
+/// How much longer than process 0 a reader waits: process 0 gives up at
+/// the same deadline as the readers would, and its notice of why must
+/// still find them waiting.
+pub const GRACE: Duration = Duration::from_secs(5);
+
 fn chunk_key(base: &str, k: usize) -> String {
     format!("{base}/{k}")
 }
