@@ -149,9 +149,10 @@ def kernel_reports_slices() -> bool:
 
 
 # Threads (their names as the kernel keeps them, 15 characters) that carry
-# transfers between hosts, and so ask for the short slice: control links over
-# TCP (served, dialled), the TCP transport's, UCX's progress threads.
-CROSS_HOST_THREADS = {"crosshost-ctl-c", "crosshost-ctl-l", "crosshost-tcp-r", "crosshost-tcp-a"}
+# transfers between hosts, and so ask for the short slice: the control-link
+# poller (every link, served or dialled), the TCP transport's, UCX's
+# progress threads.
+CROSS_HOST_THREADS = {"crosshost-ctl-p", "crosshost-tcp-r", "crosshost-tcp-a"}
 # Threads of one host's paths and housekeeping, at the kernel's slice.
 KERNEL_SLICE_THREADS = {"crosshost-lifec", "crosshost-copy-", "crosshost-send-", "crosshost-recv-"}
 
@@ -163,14 +164,9 @@ def assert_short_slices(slices, hide_ucx):
         return  # the hint is ignored before Linux 6.12: nothing to see
     plugin = slices["plugin"]
     short = CROSS_HOST_THREADS | (set() if hide_ucx else {"crosshost-ucx"})
-    # Control links are made on first use: the receiver's to the sender
-    # (its descriptors) is there, so one end of it on each side; the
-    # sender's to the receiver (made to watch it while its sends wait) may
-    # come up after the transfers are done, or not at all when they are
-    # quicker than the dial.
-    links = {"crosshost-ctl-c", "crosshost-ctl-l"}
-    assert short - links <= plugin.keys(), plugin
-    assert links & plugin.keys(), plugin
+    # One poller reads every control link: no thread per link any more.
+    assert short <= plugin.keys(), plugin
+    assert not {"crosshost-ctl-c", "crosshost-ctl-l"} & plugin.keys(), plugin
     assert all(plugin[name] == [SHORT_SLICE_NS] for name in short & plugin.keys()), plugin
     kernel = KERNEL_SLICE_THREADS & plugin.keys()
     assert {"crosshost-lifec"} <= kernel, plugin

@@ -33,11 +33,11 @@ use super::{
     GetCallback, KeyValueStore, MemoryStore, SetCallback, StoreCapabilities, Unless, WaiterId,
 };
 use crate::status::{self, Result};
-use crate::sync::{AsyncWorkRunner, DeadlineTimer};
+use crate::sync::AsyncWorkRunner;
 use crate::transport::advertise::Advertised;
 use crate::transport::connections::{ConnectionLimits, Connections};
 use crate::transport::control::{
-    ControlConfig, ControlEndpoint, ControlHandler, ControlLink, ControlServer, Secret,
+    ControlConfig, ControlEndpoint, ControlHandler, ControlLink, ControlServer, LinkThreads, Secret,
 };
 
 /// Names the process that reads a key (`None`: not a key of this store).
@@ -93,8 +93,9 @@ pub struct PeerStore {
     router: Mutex<Option<KeyRouter>>,
     peers: Mutex<HashMap<u32, PeerAddress>>,
     links: Connections<ControlLink>,
-    /// Bounds every link's requests, and runs the sweeps of idle links.
-    timer: Arc<DeadlineTimer>,
+    /// The timer that bounds every link's requests (and runs the sweeps of
+    /// idle links) and the poller that reads every link, served or made.
+    threads: LinkThreads,
     waited_on: Mutex<Option<WaitedOn>>,
     /// Dials the peers a transfer waits on (`watch`), off the caller's
     /// thread.
@@ -119,7 +120,8 @@ impl PeerStore {
         });
         let weak: Weak<dyn ControlHandler> =
             Arc::downgrade(&(local.clone() as Arc<dyn ControlHandler>));
-        let server = ControlServer::start(
+        let threads = LinkThreads::start()?;
+        let server = ControlServer::start_sharing(
             advertised.bind,
             advertised.address,
             secret,
@@ -128,6 +130,7 @@ impl PeerStore {
                 request_timeout: timeout,
                 ..ControlConfig::default()
             },
+            threads.poller.clone(),
         )
         .map_err(|e| {
             // Name where the address came from: an advertised address this
@@ -148,7 +151,7 @@ impl PeerStore {
             router: Mutex::new(None),
             peers: Mutex::new(HashMap::new()),
             links: Connections::new(limits),
-            timer: Arc::new(DeadlineTimer::new("crosshost-ctl-deadline")),
+            threads,
             waited_on: Mutex::new(None),
             dialer: AsyncWorkRunner::new("crosshost-dial", 2),
             timeout,
@@ -164,7 +167,7 @@ impl PeerStore {
             .min(Duration::from_secs(5))
             .max(limits.grace);
         let store = Arc::downgrade(self);
-        self.timer.schedule_after(every, move || {
+        self.threads.timer.schedule_after(every, move || {
             if let Some(store) = store.upgrade() {
                 store.sweep_links(Instant::now());
                 store.schedule_sweep();
@@ -267,7 +270,7 @@ impl PeerStore {
         let mut made = false;
         let link = self.links.get_or_connect(peer, || {
             made = true;
-            ControlLink::connect_with_timer(
+            ControlLink::connect_sharing(
                 peer,
                 &address.endpoint,
                 address.same_host,
@@ -275,7 +278,7 @@ impl PeerStore {
                 self.secret,
                 self.timeout,
                 Some(self.on_link_closed()),
-                self.timer.clone(),
+                &self.threads,
             )
         })?;
         if made {

@@ -2,6 +2,7 @@
 //! stream types they travel on.
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,8 @@ pub(super) trait Stream: Read + Write + Send + Sync {
     fn shutdown_both(&self);
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()>;
+    /// The socket underneath (-1 for one that has none: a test's bytes).
+    fn raw_fd(&self) -> RawFd;
 }
 
 impl Stream for UnixStream {
@@ -39,6 +42,9 @@ impl Stream for UnixStream {
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
         self.set_read_timeout(read)?;
         self.set_write_timeout(write)
+    }
+    fn raw_fd(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -53,6 +59,9 @@ impl Stream for TcpStream {
         self.set_nodelay(true)?;
         self.set_read_timeout(read)?;
         self.set_write_timeout(write)
+    }
+    fn raw_fd(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -108,6 +117,9 @@ impl Stream for SliceStream<'_> {
             "in-memory stream",
         ))
     }
+    fn raw_fd(&self) -> RawFd {
+        -1
+    }
     fn set_timeouts(&self, _: Option<Duration>, _: Option<Duration>) -> io::Result<()> {
         Ok(())
     }
@@ -156,11 +168,18 @@ pub(super) struct FrameReader {
     /// Unread bytes are `buf[start..end]`.
     start: usize,
     end: usize,
+    /// What one `read` asks for at least.
+    chunk: usize,
+    /// The longest frame taken (header included).
+    max_frame: usize,
 }
 
 /// What one `read` asks for at least (a burst of frames, a descriptor or
 /// receipt being a few hundred bytes).
 const READ_CHUNK: usize = 64 << 10;
+
+/// The longest handshake frame (HELLO, CHALLENGE, PROOF are under 80 bytes).
+const HANDSHAKE_FRAME: usize = 128;
 
 impl FrameReader {
     pub(super) fn new() -> FrameReader {
@@ -168,7 +187,26 @@ impl FrameReader {
             buf: vec![0; READ_CHUNK],
             start: 0,
             end: 0,
+            chunk: READ_CHUNK,
+            max_frame: 4 + MAX_FRAME,
         }
+    }
+
+    /// A reader for a handshake's few small frames: what a stranger makes
+    /// the server hold is this, not a link's buffer.
+    pub(super) fn for_handshake() -> FrameReader {
+        FrameReader {
+            buf: vec![0; HANDSHAKE_FRAME],
+            start: 0,
+            end: 0,
+            chunk: HANDSHAKE_FRAME,
+            max_frame: HANDSHAKE_FRAME,
+        }
+    }
+
+    /// Bytes read past the frames taken.
+    pub(super) fn buffered(&self) -> usize {
+        self.end - self.start
     }
 
     /// The next frame, `(op, id, payload)`: a buffered one, else what the
@@ -180,7 +218,7 @@ impl FrameReader {
             }
             let wanted = self
                 .pending_len()?
-                .map_or(READ_CHUNK, |len| len.max(READ_CHUNK));
+                .map_or(self.chunk, |len| len.max(self.chunk));
             if self.buf.len() - self.start < wanted {
                 // Move what is unread to the front, and grow for a frame
                 // larger than the buffer (bounded by MAX_FRAME).
@@ -220,7 +258,7 @@ impl FrameReader {
         }
         let header = &self.buf[self.start..self.start + 4];
         let len = u32::from_le_bytes(header.try_into().expect("4 bytes")) as usize;
-        if !(9..=MAX_FRAME).contains(&len) {
+        if !(9..=self.max_frame - 4).contains(&len) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("frame length {len}"),

@@ -1,5 +1,6 @@
 //! A control link to one peer: pipelined requests, each answered by an ack
-//! that the link's reader thread hands to the waiting request.
+//! that the process's link poller (`poller.rs`) hands to the waiting
+//! request.
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::TcpStream;
@@ -7,23 +8,22 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 
 use crate::status::{self, Code, Result, Status};
-use crate::sync::threads::Slice;
 use crate::sync::{DeadlineTimer, TimerId};
 use crate::transport::connections::Connection;
 use crate::transport::random::fill_random;
 
 use super::cork::{self, cork, Cork};
 use super::frame::*;
-use super::sealing::{proof_matches, LinkKeys, NONCE_LEN, PROOF_LEN};
+use super::poller::{Next, Nonblocking, Poller, Readable, Token};
+use super::sealing::{proof_matches, LinkKeys, SealedStream, NONCE_LEN, PROOF_LEN};
 use super::secret::*;
-use super::{spawn, ControlEndpoint};
+use super::ControlEndpoint;
 
 /// Who waits for a request's ack.
 enum Waiter {
@@ -49,8 +49,26 @@ impl Waiter {
 
 type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
 
+/// What the links of one process share, so that its threads do not grow
+/// with its peers: the timer bounding their requests' waits and the poller
+/// reading their acks (and serving the links its peers made).
+#[derive(Clone)]
+pub struct LinkThreads {
+    pub timer: Arc<DeadlineTimer>,
+    pub poller: Arc<Poller>,
+}
+
+impl LinkThreads {
+    pub fn start() -> Result<LinkThreads> {
+        Ok(LinkThreads {
+            timer: Arc::new(DeadlineTimer::new("crosshost-ctl-deadline")),
+            poller: Poller::start("crosshost-ctl-poll")?,
+        })
+    }
+}
+
 /// One process's link to a peer: requests pipelined on one connection, acks
-/// read by its own thread.
+/// read by the process's poller.
 pub struct ControlLink {
     peer: u32,
     writer: Mutex<Box<dyn Stream>>,
@@ -65,7 +83,9 @@ pub struct ControlLink {
     on_closed: Option<LinkClosed>,
     reported: Arc<AtomicBool>,
     timeout: Duration,
-    reader: Mutex<Option<JoinHandle<()>>>,
+    poller: Arc<Poller>,
+    /// The acks' reader, while the poller reads it.
+    reading: Mutex<Option<Token>>,
 }
 
 /// Called with the peer when its end of a link closed (it exited or died).
@@ -95,8 +115,8 @@ impl std::fmt::Debug for ControlLink {
 
 impl ControlLink {
     /// Connects to `endpoint` (the Unix socket when `same_host`, else TCP)
-    /// and authenticates as process `me`; the link bounds its requests'
-    /// waits with a timer of its own.
+    /// and authenticates as process `me`; the link has a timer and a poller
+    /// of its own.
     pub fn connect(
         peer: u32,
         endpoint: &ControlEndpoint,
@@ -106,17 +126,16 @@ impl ControlLink {
         timeout: Duration,
         on_closed: Option<LinkClosed>,
     ) -> Result<Arc<ControlLink>> {
-        let timer = Arc::new(DeadlineTimer::new("crosshost-ctl-deadline"));
-        Self::connect_with_timer(
-            peer, endpoint, same_host, me, secret, timeout, on_closed, timer,
+        let threads = LinkThreads::start()?;
+        Self::connect_sharing(
+            peer, endpoint, same_host, me, secret, timeout, on_closed, &threads,
         )
     }
 
-    /// `connect`, bounding the requests' waits with `timer`, which the
-    /// links of one process share (a thread per link would be a thread per
-    /// peer).
+    /// `connect`, with the timer and poller that the links of one process
+    /// share.
     #[allow(clippy::too_many_arguments)]
-    pub fn connect_with_timer(
+    pub fn connect_sharing(
         peer: u32,
         endpoint: &ControlEndpoint,
         same_host: bool,
@@ -124,8 +143,9 @@ impl ControlLink {
         secret: Secret,
         timeout: Duration,
         on_closed: Option<LinkClosed>,
-        timer: Arc<DeadlineTimer>,
+        threads: &LinkThreads,
     ) -> Result<Arc<ControlLink>> {
+        let timer = threads.timer.clone();
         let unavailable = |e: io::Error| {
             if same_host {
                 return status::unavailable(format!(
@@ -208,7 +228,8 @@ impl ControlLink {
             .set_timeouts(None, Some(timeout))
             .map_err(unavailable)?;
         let reader = stream.try_clone_box().map_err(unavailable)?;
-        let mut reader: Box<dyn Stream> = Box::new(keys.client_stream(reader));
+        let fd = reader.raw_fd();
+        let reader = keys.client_stream(Box::new(Nonblocking::new(reader)));
         let stream: Box<dyn Stream> = Box::new(keys.client_stream(stream));
         let link = Arc::new(ControlLink {
             peer,
@@ -221,68 +242,23 @@ impl ControlLink {
             on_closed: on_closed.clone(),
             reported: Arc::new(AtomicBool::new(false)),
             timeout,
-            reader: Mutex::new(None),
+            poller: threads.poller.clone(),
+            reading: Mutex::new(None),
         });
-        let waiters = link.waiters.clone();
-        let broken = link.broken.clone();
-        let dropping = link.dropping.clone();
-        let reported = link.reported.clone();
-        let timer = link.timer.clone();
-        let mut frames = FrameReader::new();
-        // What the acks of one burst set off (a waiter that makes another
-        // request) goes out together, once the burst is answered.
-        let mut burst: Option<Cork> = None;
-        let slice = Slice::serving(same_host);
-        let handle = spawn("crosshost-ctl-link", slice, move || loop {
-            if !frames.has_frame() {
-                burst = None;
-            }
-            let next = frames.next(&mut *reader);
-            burst.get_or_insert_with(cork);
-            match next {
-                Ok((op, id, payload)) => {
-                    let outcome = match op {
-                        OP_ACK => Ok(()),
-                        _ => {
-                            let code = payload
-                                .get(0..4)
-                                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                                .unwrap_or(2);
-                            Err(Status::new(
-                                Code::from_raw(code as i32),
-                                format!(
-                                    "process {peer} refused: {}",
-                                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
-                                ),
-                            ))
-                        }
-                    };
-                    let waiter = waiters.lock().remove(&id);
-                    if let Some(waiter) = waiter {
-                        waiter.complete(outcome, &timer);
-                    }
-                }
-                Err(_) => {
-                    broken.store(true, Ordering::Release);
-                    // The peer's loss is reported before its waiting requests
-                    // fail, so what they do on failure (retire a receive,
-                    // delete its keys) already knows the peer is gone. Our
-                    // own drop closes the link too; that is no news.
-                    report_closed(peer, &on_closed, &dropping, &reported);
-                    let waiting: Vec<Waiter> = waiters.lock().drain().map(|(_, w)| w).collect();
-                    for waiter in waiting {
-                        waiter.complete(
-                            Err(status::unavailable(format!(
-                                "control link to process {peer} closed"
-                            ))),
-                            &timer,
-                        );
-                    }
-                    return;
-                }
-            }
-        })?;
-        *link.reader.lock() = Some(handle);
+        let acks = AckReader {
+            peer,
+            reader,
+            frames: FrameReader::new(),
+            burst: None,
+            waiters: link.waiters.clone(),
+            broken: link.broken.clone(),
+            dropping: link.dropping.clone(),
+            on_closed,
+            reported: link.reported.clone(),
+            timer: link.timer.clone(),
+        };
+        let token = threads.poller.add(fd, Box::new(acks))?;
+        *link.reading.lock() = Some(token);
         Ok(link)
     }
 
@@ -484,8 +460,86 @@ impl Drop for ControlLink {
         self.writer.lock().shutdown_both();
         // Nobody will answer what is still waiting.
         self.fail_waiting("closed by this process");
-        if let Some(reader) = self.reader.lock().take() {
-            crate::sync::runner::join_all_except_current(vec![reader], "ControlLink");
+        if let Some(token) = self.reading.lock().take() {
+            self.poller.remove(token);
+        }
+    }
+}
+
+/// A link's acks, read by the poller: each goes to its waiting request.
+struct AckReader {
+    peer: u32,
+    reader: SealedStream,
+    frames: FrameReader,
+    /// What the acks of one burst set off (a waiter that makes another
+    /// request) goes out together, once the burst is answered.
+    burst: Option<Cork>,
+    waiters: Waiters,
+    broken: Arc<AtomicBool>,
+    dropping: Arc<AtomicBool>,
+    on_closed: Option<LinkClosed>,
+    reported: Arc<AtomicBool>,
+    timer: Arc<DeadlineTimer>,
+}
+
+impl Readable for AckReader {
+    fn readable(&mut self) -> Next {
+        let peer = self.peer;
+        loop {
+            if !self.frames.has_frame() {
+                self.burst = None;
+            }
+            let next = self.frames.next(&mut self.reader);
+            match next {
+                Ok((op, id, payload)) => {
+                    self.burst.get_or_insert_with(cork);
+                    let outcome = match op {
+                        OP_ACK => Ok(()),
+                        _ => {
+                            let code = payload
+                                .get(0..4)
+                                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                                .unwrap_or(2);
+                            Err(Status::new(
+                                Code::from_raw(code as i32),
+                                format!(
+                                    "process {peer} refused: {}",
+                                    String::from_utf8_lossy(payload.get(4..).unwrap_or_default())
+                                ),
+                            ))
+                        }
+                    };
+                    let waiter = self.waiters.lock().remove(&id);
+                    if let Some(waiter) = waiter {
+                        waiter.complete(outcome, &self.timer);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.burst = None;
+                    return Next::Keep;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.burst = None;
+                    self.broken.store(true, Ordering::Release);
+                    // The peer's loss is reported before its waiting requests
+                    // fail, so what they do on failure (retire a receive,
+                    // delete its keys) already knows the peer is gone. Our
+                    // own drop closes the link too; that is no news.
+                    report_closed(peer, &self.on_closed, &self.dropping, &self.reported);
+                    let waiting: Vec<Waiter> =
+                        self.waiters.lock().drain().map(|(_, w)| w).collect();
+                    for waiter in waiting {
+                        waiter.complete(
+                            Err(status::unavailable(format!(
+                                "control link to process {peer} closed"
+                            ))),
+                            &self.timer,
+                        );
+                    }
+                    return Next::Done;
+                }
+            }
         }
     }
 }

@@ -11,11 +11,12 @@
 //! (agreed through the session) without sending it, within `hello_timeout`
 //! of accept, or it is closed; then every frame travels encrypted and
 //! authenticated under keys of that link and direction (`sealing.rs`). An
-//! unauthenticated peer holds only its own thread, never an accept loop,
-//! and at most `max_connections` of them exist.
+//! unauthenticated peer holds a socket and a small buffer until its
+//! deadline, no thread, and at most `max_connections` of them exist.
 //! After HELLO, requests are pipelined: each carries an id, the receiving
-//! side applies it to its handler and acks with the id, and the caller's
-//! reader thread hands the ack to the waiting request.
+//! side applies it to its handler and acks with the id, and the caller
+//! hands the ack to the waiting request. One thread per process reads
+//! every link, served or made (`poller.rs`).
 //!
 //! Links are made on first use and closed when idle (`transport/connections/`);
 //! an idle link is closed with BYE, so that its server does not take the
@@ -32,6 +33,7 @@ mod frame;
 #[cfg(feature = "fuzzing")]
 mod fuzz_hooks;
 mod link;
+mod poller;
 mod sealing;
 mod secret;
 mod server;
@@ -48,6 +50,7 @@ pub use frame::*;
 #[cfg(feature = "fuzzing")]
 pub use fuzz_hooks::*;
 pub use link::*;
+pub use poller::Poller;
 pub use secret::*;
 pub use server::*;
 

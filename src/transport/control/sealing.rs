@@ -256,6 +256,10 @@ impl Stream for SealedStream {
         ))
     }
 
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.inner.raw_fd()
+    }
+
     fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
         self.inner.set_timeouts(read, write)
     }

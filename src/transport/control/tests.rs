@@ -551,3 +551,55 @@ fn a_server_that_does_not_know_the_secret_is_refused_by_the_client() {
     assert_eq!(error.code, Code::Unauthenticated, "{error}");
     assert!(error.message.contains("does not know"), "{error}");
 }
+
+#[test]
+fn the_links_a_process_serves_and_makes_are_all_read_by_its_one_poller() {
+    let secret = Secret::generate().unwrap();
+    let threads = LinkThreads::start().unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let handler: Arc<dyn ControlHandler> = recorder.clone();
+    let server = ControlServer::start_sharing(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        secret,
+        Arc::downgrade(&handler),
+        ControlConfig::default(),
+        threads.poller.clone(),
+    )
+    .unwrap();
+    let links: Vec<Arc<ControlLink>> = (0..40)
+        .map(|i| {
+            ControlLink::connect_sharing(
+                0,
+                server.endpoint(),
+                i % 2 == 0,
+                i,
+                secret,
+                Duration::from_secs(5),
+                None,
+                &threads,
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, link) in links.iter().enumerate() {
+        link.set(&format!("k{i}"), b"v").unwrap();
+    }
+    assert_eq!(recorder.sets.lock().len(), 40);
+    // Each link twice: the end this process made and the end it serves.
+    assert_eq!(threads.poller.link_count(), 80);
+    assert_eq!(server.link_count(), 40);
+    // Closed in order (BYE): not a death. Then dropped.
+    for link in &links {
+        crate::transport::connections::Connection::close(&**link);
+    }
+    eventually("the served ends closed", || server.link_count() == 0);
+    assert!(
+        recorder.closed.lock().is_empty(),
+        "an idle close is not a death"
+    );
+    drop(links);
+    eventually("every link left the poller", || {
+        threads.poller.link_count() == 0
+    });
+}
