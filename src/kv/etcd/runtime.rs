@@ -40,6 +40,32 @@ pub(super) async fn bounded<T>(
         .unwrap_or_else(|_| Err(no_answer(what, timeout)))
 }
 
+/// `op`, made again after a short backoff for as long as etcd answers that
+/// it is overloaded ("etcdserver: too many requests", RESOURCE_EXHAUSTED:
+/// its proposals queue is full, which a start-up storm of a large job
+/// reaches); the caller's bound ends the retries. Only for idempotent
+/// calls (a put of one value, a delete).
+pub(super) async fn while_overloaded<T, F, Fut>(what: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match op().await {
+            Err(e) if e.code == crate::status::Code::ResourceExhausted => {
+                log::debug!(
+                    "{what}: etcd is overloaded ({}); again in {backoff:?}",
+                    e.message
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Runs `op` on the runtime and waits at most `timeout` for it.
 pub(super) fn call<T, F>(what: &str, timeout: Duration, op: F) -> Result<T>
 where
@@ -88,4 +114,48 @@ pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
         _ => Code::Unavailable,
     };
     Status::new(code, format!("{what}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Code;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn an_overloaded_etcd_is_asked_again_and_other_errors_pass_through() {
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        let outcome = call("put", Duration::from_secs(5), async move {
+            while_overloaded("put", || {
+                let n = counted.fetch_add(1, Ordering::AcqRel);
+                async move {
+                    if n < 3 {
+                        Err(status::resource_exhausted("etcdserver: too many requests"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            })
+            .await
+        });
+        assert_eq!(outcome.unwrap(), 3);
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        let outcome: Result<()> = call("put", Duration::from_secs(5), async move {
+            while_overloaded("put", || {
+                counted.fetch_add(1, Ordering::AcqRel);
+                async { Err(status::unavailable("gone")) }
+            })
+            .await
+        });
+        assert_eq!(outcome.unwrap_err().code, Code::Unavailable);
+        assert_eq!(tries.load(Ordering::Acquire), 1);
+        // Overloaded for longer than the caller's bound: its deadline ends it.
+        let outcome: Result<()> = call("put", Duration::from_millis(100), async move {
+            while_overloaded("put", || async { Err(status::resource_exhausted("busy")) }).await
+        });
+        assert_eq!(outcome.unwrap_err().code, Code::DeadlineExceeded);
+    }
 }

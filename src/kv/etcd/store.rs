@@ -197,31 +197,43 @@ impl EtcdStore {
     }
 
     fn put_op(&self, key: &str, value: &[u8]) -> impl std::future::Future<Output = Result<()>> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let (key, value) = (self.key(key), value.to_vec());
         let lease = self.lease.id();
+        let what = format!("etcd put {key}");
         async move {
-            client
-                .put(
-                    key.as_str(),
-                    value,
-                    Some(PutOptions::new().with_lease(lease)),
-                )
-                .await
-                .map(drop)
-                .map_err(|e| status_of(&format!("etcd put {key}"), e))
+            runtime::while_overloaded(&what, || {
+                let mut client = client.clone();
+                let (key, value, what) = (key.clone(), value.clone(), what.clone());
+                async move {
+                    client
+                        .put(key, value, Some(PutOptions::new().with_lease(lease)))
+                        .await
+                        .map(drop)
+                        .map_err(|e| status_of(&what, e))
+                }
+            })
+            .await
         }
     }
 
     fn delete_op(&self, key: &str) -> impl std::future::Future<Output = Result<()>> {
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let key = self.key(key);
+        let what = format!("etcd delete {key}");
         async move {
-            client
-                .delete(key.as_str(), None::<DeleteOptions>)
-                .await
-                .map(drop)
-                .map_err(|e| status_of(&format!("etcd delete {key}"), e))
+            runtime::while_overloaded(&what, || {
+                let mut client = client.clone();
+                let (key, what) = (key.clone(), what.clone());
+                async move {
+                    client
+                        .delete(key, None::<DeleteOptions>)
+                        .await
+                        .map(drop)
+                        .map_err(|e| status_of(&what, e))
+                }
+            })
+            .await
         }
     }
 
