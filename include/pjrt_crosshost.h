@@ -222,6 +222,17 @@ char* pjrt_crosshost_live_clients_metrics_json(void);
 int pjrt_crosshost_set_kv_delete(PJRT_CrossHost_KeyValueDeleteCallback callback,
                                  void* user_arg);
 
+/* The doctor: what this process would use (library, compute plugin, libucp
+ * and what it can do, the address it would advertise) and, given a job
+ * (num_nodes > 1 with doctor.coordinator=host:port or kv_store=etcd://...,
+ * run in every process), whether each peer's control link and TCP data port
+ * answer, with round-trip times. `request`: NUL-terminated key=value lines
+ * (create options, doctor.coordinator, doctor.timeout_ms), or NULL. Returns
+ * JSON: {"ok": bool, "problems": [{"problem", "change"}], one object per
+ * section, "text": the report for a person}; it may block for the job's
+ * session timeout. Free with pjrt_crosshost_free_string. */
+char* pjrt_crosshost_doctor_json(const char* request);
+
 #ifdef __cplusplus
 }
 #endif

@@ -237,13 +237,13 @@ fn is_loopback_host(address: &str) -> bool {
 }
 
 #[cfg(feature = "etcd")]
-type EtcdHandle = crate::kv::etcd::EtcdStore;
+pub(crate) type EtcdHandle = crate::kv::etcd::EtcdStore;
 #[cfg(not(feature = "etcd"))]
-type EtcdHandle = MemoryStore;
+pub(crate) type EtcdHandle = MemoryStore;
 
 /// Connects to etcd when `kv_store=etcd://...` asks for it.
 #[cfg(feature = "etcd")]
-fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
+pub(crate) fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
     let StoreChoice::Etcd(endpoints) = &options.store else {
         return Ok(None);
     };
@@ -261,7 +261,7 @@ fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
 }
 
 #[cfg(not(feature = "etcd"))]
-fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
+pub(crate) fn connect_etcd(options: &ClientOptions) -> Result<Option<Arc<EtcdHandle>>> {
     match &options.store {
         StoreChoice::Etcd(_) => Err(crate::status::unimplemented(
             "PJRT_Client_Create: kv_store=etcd://...: this build of pjrt-crosshost has no etcd \
@@ -348,7 +348,7 @@ fn connect_peers(peer: &PeerStore, session: &Session, force_tcp: bool) -> Result
 
 /// `host:port` of the job's stores, whose routes name the address to
 /// advertise (JAX's coordination service, etcd's members).
-fn store_addresses(options: &ClientOptions) -> Vec<String> {
+pub(crate) fn store_addresses(options: &ClientOptions) -> Vec<String> {
     let mut addresses: Vec<String> = options.coordinator_address.iter().cloned().collect();
     if let StoreChoice::Etcd(endpoints) = &options.store {
         for endpoint in endpoints {

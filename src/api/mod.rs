@@ -3,6 +3,7 @@ pub mod buffer;
 pub mod client;
 pub mod device;
 pub mod device_ids;
+pub mod doctor;
 pub mod element_type;
 pub mod options;
 pub mod programs;

@@ -8,6 +8,7 @@ mod buffer;
 mod client;
 mod cxx_delete;
 mod device;
+mod doctor_export;
 mod error_entries;
 pub(crate) mod errors;
 mod events;

@@ -412,8 +412,7 @@ pub fn survey(cuda_client: bool) -> Survey {
         Some(dir) => {
             let path = PathBuf::from(&dir).join(WHEEL_LIBUCP);
             if path.is_file() {
-                let version = probe(&path).map(|(_, version)| version);
-                survey.candidates.push(describe(Source::Wheel, &path, version));
+                survey.add(Source::Wheel, &path, probe(&path));
             } else {
                 survey.absent.push(format!(
                     "the libucx wheel ({}): no such file",
@@ -425,25 +424,46 @@ pub fn survey(cuda_client: bool) -> Survey {
             "the libucx wheel: ${UCX_WHEEL_ENV} not set (jax_plugins.crosshost sets it when `pip install libucx-cu12` is present)"
         )),
     }
-    match probe(Path::new(SYSTEM_LIBUCP)) {
-        Ok((path, version)) => {
-            survey
-                .candidates
-                .push(describe(Source::System, Path::new(&path), Ok(version)))
-        }
-        Err(e) if e.contains("No such file") || e.contains("cannot open shared object") => {
-            survey.absent.push(format!(
-                "the system's {SYSTEM_LIBUCP} (Debian/Ubuntu package libucx0): {e}"
-            ))
-        }
-        // Found or not, it could not be read: tried last, by name.
-        Err(e) => {
-            survey
-                .candidates
-                .push(describe(Source::System, Path::new(SYSTEM_LIBUCP), Err(e)))
+    survey.add(
+        Source::System,
+        Path::new(SYSTEM_LIBUCP),
+        probe(Path::new(SYSTEM_LIBUCP)),
+    );
+    survey
+}
+
+impl Survey {
+    /// A probed candidate: found (its version read, or not, when only the
+    /// namespace failed), or absent (it does not load: not there, not a
+    /// library) with why.
+    fn add(
+        &mut self,
+        source: Source,
+        path: &Path,
+        probed: std::result::Result<(String, (u32, u32, u32)), String>,
+    ) {
+        match probed {
+            Ok((file, version)) => {
+                self.candidates
+                    .push(describe(source, Path::new(&file), Ok(version)))
+            }
+            // The library may load in the process's own namespace: tried by
+            // name, in the default order.
+            Err(e) if namespace_failed(&e) => self.candidates.push(describe(source, path, Err(e))),
+            Err(e) => self.absent.push(match source {
+                Source::Wheel => format!("the libucx wheel ({}): {e}", path.display()),
+                Source::System => {
+                    format!("the system's {SYSTEM_LIBUCP} (Debian/Ubuntu package libucx0): {e}")
+                }
+            }),
         }
     }
-    survey
+}
+
+/// Whether a probe failed for want of a namespace (or of static TLS in
+/// one), not because of the library.
+fn namespace_failed(error: &str) -> bool {
+    error.contains("static TLS") || error.contains("namespace")
 }
 
 fn describe(
