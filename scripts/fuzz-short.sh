@@ -9,7 +9,7 @@
 #   FUZZ_SECONDS=60 scripts/fuzz-short.sh  longer
 #   scripts/fuzz-short.sh receipt keys    some targets
 #   FUZZ_RUNS=1000000 FUZZ_GROW_CORPUS=1 scripts/fuzz-short.sh
-#                                         the long run (README, Fuzzing): a
+#                                         the long run (docs/fuzzing.md): a
 #                                         number of executions per target
 #                                         instead of a time, new inputs kept
 #                                         in fuzz/corpus/<target>, then the

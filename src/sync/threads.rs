@@ -10,8 +10,8 @@
 //! a wake-up can wait that long behind a thread that computes, as XLA's do.
 //! Across the two-host bed, a 4 KiB transfer's part in the plugin dropped
 //! from 244-356 µs to 192-223 µs (p50) with every thread hinted, and from
-//! 623-790 µs to 388-666 µs on a noisier afternoon with only these (the
-//! README's "Wake-ups").
+//! 623-790 µs to 388-666 µs on a noisier afternoon with only these
+//! (docs/across-hosts.md, "Wake-ups").
 //!
 //! Threads on one host's paths keep the kernel's slice: there the hint cut
 //! 64 x 1 MiB from 7.6-9.2 GB/s to 5.9-7.6 GB/s, each completion's threads

@@ -7,7 +7,7 @@
 //! processes line up (also across the two-host bed's namespaces). Read with
 //! `pjrt_crosshost_timeline_json()` (the JAX package: `timeline()`), which
 //! also empties the ring. This is how a transfer is profiled without
-//! disturbing it (README, "Profiling a transfer").
+//! disturbing it (docs/profiling.md).
 //!
 //! API calls: `ApiCall` marks the entry and the return of every PJRT call
 //! into the plugin (the boundary's `catch_entry` and callback entries:

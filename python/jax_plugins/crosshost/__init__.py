@@ -22,14 +22,14 @@ Environment (all optional, read when JAX initializes its backends):
     route to it, so processes on other hosts reach each other with no
     options.
     ``kv_store=etcd://host:port[,host:port...]`` keeps every key of the job
-    in etcd instead of JAX's coordination service (README, "etcd").
+    in etcd instead of JAX's coordination service (docs/etcd.md).
     In a ``jax.distributed`` job JAX adds node_id and num_nodes itself.
 ``PJRT_CROSSHOST_JOB_SECRET_FILE``
     A file of at least 32 random bytes, the same for every process of the
     job (the create option ``job_secret_file``): every value the plugin
     puts in JAX's coordination service (or etcd) is then sealed with it, so
     whoever can reach that store can neither read a usable value nor forge
-    a completion (README, "Trust").
+    a completion (docs/trust.md).
 ``PJRT_CROSSHOST_JAX_PRIORITY``
     Backend priority (default -100, below JAX's CPU backend at 0, so that
     installing the package never makes computations land on a backend that

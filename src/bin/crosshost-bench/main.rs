@@ -92,7 +92,7 @@ fn main() {
         )
     } else if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: crosshost-bench [--quick] [--case BYTES,BATCH,REPEATS ...] [--lib PATH]\n  two-process transfer benchmark (see README); --case runs only the cases named\n\n\
+            "usage: crosshost-bench [--quick] [--case BYTES,BATCH,REPEATS ...] [--lib PATH]\n  two-process transfer benchmark (see docs/benchmarks.md); --case runs only the cases named\n\n\
              usage: crosshost-bench --kv etcd [--etcd etcd://HOST:PORT[,HOST:PORT...]] [--quick] [--lib PATH]\n  \
              the same transfers with every key in the parent's memory store through the KV callbacks\n  \
              (kv_store=callbacks) and in etcd (kv_store=etcd://...), side by side; without --etcd it\n  \
