@@ -672,6 +672,7 @@ impl Client {
                     .max_pending_send_bytes
                     .unwrap_or_else(default_max_pending_send_bytes),
                 completion_keys_local: peer_store.is_some(),
+                staging: options.staging.clone(),
                 metrics: Some(metrics),
                 ..TransferConfig::default()
             },

@@ -119,6 +119,9 @@ pub struct ClientOptions {
     pub max_pending_send_bytes: Option<u64>,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
+    /// `staging_chunk_bytes`, `staging_ring_depth` and
+    /// `stage_host_transfers` (transport/staging/).
+    pub staging: crate::transport::staging::StagingConfig,
     /// `max_peer_connections` and `peer_idle_timeout_ms`: the connections
     /// this process keeps toward its peers, made on first use
     /// (transport/connections/).
@@ -158,6 +161,7 @@ impl Default for ClientOptions {
             max_receive_bytes: None,
             max_pending_send_bytes: None,
             shm_pool_bytes: 1 << 30,
+            staging: Default::default(),
             peer_connections: Default::default(),
             compute: ComputeChoice::default(),
             compute_options: Vec::new(),
@@ -168,7 +172,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, max_receive_bytes, max_pending_send_bytes, max_peer_connections, peer_idle_timeout_ms, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, staging_chunk_bytes, staging_ring_depth, stage_host_transfers, max_receive_bytes, max_pending_send_bytes, max_peer_connections, peer_idle_timeout_ms, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -341,6 +345,18 @@ impl ClientOptions {
                 }
                 "shm_pool_bytes" => {
                     parsed.shm_pool_bytes = expect_range(name, value, 0, 1 << 40)? as usize
+                }
+                "staging_chunk_bytes" => {
+                    parsed.staging.chunk_bytes = expect_range(name, value, 4096, 1 << 30)? as usize
+                }
+                "staging_ring_depth" => {
+                    parsed.staging.ring_depth = expect_range(name, value, 1, 1024)? as usize
+                }
+                "stage_host_transfers" => {
+                    parsed.staging.stage_host_transfers = match value {
+                        OptionValue::Bool(b) => *b,
+                        _ => expect_range(name, value, 0, 1)? == 1,
+                    }
                 }
                 "compute_plugin" => {
                     let s = expect_str(name, value)?;

@@ -16,10 +16,12 @@ use crate::backend::{Allocation, MemoryCounters};
 use crate::status::{Outcome, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::claim::ClaimRange;
+use crate::transport::destination::WritableDestination;
 use crate::transport::registry::DestinationRegistry;
 use crate::transport::shm::SharedRegion;
 use crate::transport::shm_device_memory::SharedHostMemory;
 use crate::transport::shm_pool::{ShmLease, ShmPool};
+use crate::transport::staging::{StagedDestination, Staging};
 
 /// Receive destinations of this process, by shared-memory name, so that a
 /// sender in the same process writes them directly instead of mapping them
@@ -54,6 +56,9 @@ pub enum HostRoute<'a> {
         /// The buffer's completion key, when this process holds it and the
         /// transport can apply a receipt sent with the bytes.
         completion_key: Option<String>,
+        /// Land the bytes through these staging rings (a transport that
+        /// stages copies them in chunk by chunk: transport/staging/).
+        staging: Option<Arc<Staging>>,
     },
 }
 
@@ -61,6 +66,8 @@ pub enum HostRoute<'a> {
 struct NetworkOffer {
     token: AuthToken,
     registry: Arc<DestinationRegistry>,
+    /// The pipeline the bytes land through, when staged.
+    staged: Option<Arc<StagedDestination>>,
 }
 
 pub struct HostDestination {
@@ -103,11 +110,19 @@ impl HostDestination {
                 token,
                 allocation,
                 completion_key,
+                staging,
             } => {
-                registry.register_with_key(token, lease.clone(), completion_key)?;
+                let staged = staging
+                    .map(|staging| Arc::new(StagedDestination::host(lease.clone(), staging)));
+                let written: Arc<dyn WritableDestination> = match &staged {
+                    Some(staged) => staged.clone(),
+                    None => lease.clone(),
+                };
+                registry.register_with_key(token, written, completion_key)?;
                 let offer = NetworkOffer {
                     token,
                     registry: registry.clone(),
+                    staged,
                 };
                 (allocation, 0, Some(offer))
             }
@@ -142,6 +157,14 @@ impl HostDestination {
         if let Some(offer) = &self.offer {
             if offer.registry.unregister(&offer.token).is_none() {
                 claimed = true;
+            }
+            // A pipeline still landing chunks stops (its copies in flight
+            // finish into the quarantined range).
+            if let Some(staged) = &offer.staged {
+                staged.stop(match outcome {
+                    Err(reason) => reason.clone(),
+                    Ok(()) => crate::status::cancelled("the receive already completed"),
+                });
             }
         }
         if outcome.is_ok() {

@@ -22,6 +22,12 @@ pub unsafe trait WritableDestination: Send + Sync {
 
     /// Start of the writable bytes (dangling but non-null when `len() == 0`).
     fn as_mut_ptr(&self) -> *mut u8;
+
+    /// A destination whose bytes must land through a staging pipeline
+    /// (`transport/staging/`) rather than straight through `as_mut_ptr`.
+    fn staged(&self) -> Option<&crate::transport::staging::StagedDestination> {
+        None
+    }
 }
 
 /// A destination in this process's heap, zero-initialised.

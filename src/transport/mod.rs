@@ -41,6 +41,7 @@ pub mod shm_populate;
 pub mod shm_reaper;
 #[cfg(test)]
 pub mod shm_test_object;
+pub mod staging;
 pub mod stream_copy;
 pub mod tcp;
 pub mod ucx;

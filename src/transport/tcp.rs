@@ -21,7 +21,7 @@ mod socket;
 pub mod wire;
 
 pub use receive_server::TcpReceiveServer;
-pub use send::TcpSender;
+pub use send::{Payload, TcpSender};
 pub use server_config::TcpServerConfig;
 pub use wire::{PROTOCOL_VERSION, REQUEST_HEADER_LEN};
 

@@ -33,6 +33,7 @@ use crate::sync::{AsyncWorkRunner, DeadlineTimer, Future, Metrics, PromiseOnce};
 use crate::transport::advertise::Advertised;
 use crate::transport::registry::ReceiptSink;
 use crate::transport::shm_pool::{ShmPool, ShmPoolConfig};
+use crate::transport::staging::{Staging, StagingConfig};
 use crate::transport::tcp::{TcpReceiveServer, TcpSender};
 use crate::transport::ucx::UcxTransport;
 
@@ -60,6 +61,9 @@ pub struct TransferConfig {
     /// store): a UCX sender may then send the receipt with the bytes, for
     /// the receiver to apply once they are in.
     pub completion_keys_local: bool,
+    /// Staging rings and whether host transfers over TCP go through them
+    /// (transport/staging/).
+    pub staging: StagingConfig,
     /// The client's counters, when something below the service (the sealed
     /// store) counts into them too; `None`: the service's own.
     pub metrics: Option<Arc<Metrics>>,
@@ -107,6 +111,7 @@ impl Default for TransferConfig {
             max_receive_bytes: super::memory_budget::default_max_receive_bytes(),
             max_pending_send_bytes: super::memory_budget::default_max_pending_send_bytes(),
             completion_keys_local: false,
+            staging: StagingConfig::default(),
             metrics: None,
         }
     }
@@ -261,6 +266,8 @@ pub struct TransferService {
     pool: ShmPool,
     receive_budget: Arc<MemoryBudget>,
     pending_send_budget: Arc<MemoryBudget>,
+    /// The staging rings, when host transfers stage (`stage_host_transfers`).
+    staging: Option<Arc<Staging>>,
 }
 
 impl TransferService {
@@ -327,6 +334,14 @@ impl TransferService {
                 Bound::PendingSend,
                 config.max_pending_send_bytes,
             ),
+            staging: config
+                .staging
+                .stage_host_transfers
+                .then(|| Staging::new(config.staging.clone()))
+                .and_then(|made| {
+                    made.map_err(|e| log::warn!("staging rings not made: {e}"))
+                        .ok()
+                }),
             config,
         })
     }
@@ -424,6 +439,11 @@ impl TransferService {
             ("max_receive_bytes", self.receive_budget.limit()),
             ("pending_send_bytes", self.pending_send_budget.live()),
             ("max_pending_send_bytes", self.pending_send_budget.limit()),
+            ("staged", self.staging.as_ref().map_or(0, |s| s.staged())),
+            (
+                "staging_bytes_held",
+                self.staging.as_ref().map_or(0, |s| s.bytes_held() as u64),
+            ),
         ];
         self.metrics.snapshot().to_json(&labels, &gauges)
     }

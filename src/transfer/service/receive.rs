@@ -278,6 +278,8 @@ impl TransferService {
                             .config
                             .completion_keys_local
                             .then(|| key.as_str().to_string()),
+                        // `stage_host_transfers`: landed through the rings.
+                        staging: self.staging.clone(),
                     }
                 }
                 Route::Ucx => HostRoute::Network {
@@ -292,6 +294,8 @@ impl TransferService {
                         .config
                         .completion_keys_local
                         .then(|| key.as_str().to_string()),
+                    // UCX does not stage yet (transport/staging/).
+                    staging: None,
                 },
             };
             Destination::Host(HostDestination::open(

@@ -22,8 +22,9 @@ use crate::transport::shm_mappings::{
     forget_segment, forget_segments_of, mapped_segment, receiver_gone,
 };
 use crate::transport::shm_owner::OwnerWatch;
+use crate::transport::staging::{Drain, HostSource, Stop};
 use crate::transport::stream_copy::copy_past_cache;
-use crate::transport::tcp::TcpSender;
+use crate::transport::tcp::{Payload as TcpPayload, TcpSender};
 use crate::transport::ucx::Payload;
 
 /// From this size a copy into shared memory populates its range first: one
@@ -363,11 +364,33 @@ impl TransferService {
         // reuse, whether or not another send comes.
         self.sweep_tcp_connections_later();
         let sent = source.memory.read_with(&mut |bytes| {
-            delivered = Some(self.tcp.send(
+            // `stage_host_transfers`: out through the send ring, chunk by
+            // chunk (transport/staging/).
+            let mut staged = |wire: &mut Drain<'_>| match &self.staging {
+                Some(staging) => staging
+                    .send(
+                        &HostSource::new(bytes),
+                        0,
+                        bytes.len(),
+                        wire,
+                        &Stop::new(),
+                        self.config.send_timeout,
+                    )
+                    .map(|_| ()),
+                None => wire(bytes),
+            };
+            let mut payload = match &self.staging {
+                Some(_) => TcpPayload::Chunks {
+                    len: bytes.len(),
+                    write: &mut staged,
+                },
+                None => TcpPayload::Bytes(bytes),
+            };
+            delivered = Some(self.tcp.send_payload(
                 endpoint,
                 &descriptor.auth_token,
                 descriptor.offset,
-                bytes,
+                &mut payload,
                 receipt.as_deref(),
                 self.config.send_timeout,
             )?);

@@ -427,12 +427,17 @@ impl Admission {
                         }
                     }
                     match self.authenticate(bytes) {
-                        Ok(claim) if claim.length <= COALESCED_PAYLOAD_BYTES => {
+                        Ok(claim)
+                            if claim.length <= COALESCED_PAYLOAD_BYTES
+                                && claim.destination.staged().is_none() =>
+                        {
                             // Its sender wrote it with the header: it has the
                             // deadline a new header would have.
                             *deadline = Instant::now() + self.config.header_deadline;
                             *stage = Stage::Payload { claim, received: 0 };
                         }
+                        // Larger payloads, and every staged one (its
+                        // pipeline blocks), go to a handler.
                         Ok(claim) => return Verdict::Admit(claim),
                         Err((verdict, discard)) => {
                             log::warn!("refusing TCP transfer from {peer}: {verdict}");

@@ -30,6 +30,7 @@ use super::wire::{encode_refusal, encode_response};
 use crate::status::{self, Result};
 use crate::sync::threads::Slice;
 use crate::transport::registry::{DestinationRegistry, ReceiptSink};
+use crate::transport::staging::StagedDestination;
 
 /// Streams currently being served, so that shutdown can cut them off
 /// instead of waiting for their timeouts.
@@ -240,6 +241,9 @@ impl Handlers {
     fn serve_one(&self, transfer: &Admitted) -> io::Result<()> {
         let stream = &transfer.stream;
         let claim = &transfer.claim;
+        if let Some(staged) = claim.destination.staged() {
+            return self.serve_staged(transfer, staged);
+        }
         // SAFETY: admission checked `offset + length <= destination.len()`,
         // and `destination` (an `Arc` clone held for the whole call) keeps
         // its memory valid and writable under the `WritableDestination`
@@ -259,6 +263,47 @@ impl Handlers {
                     let _ = (&*stream).write_all(&encode_refusal(verdict));
                 }
                 Err(error)
+            }
+        }
+    }
+
+    /// A staged destination's payload: chunk by chunk through its pipeline
+    /// (transport/staging/); answered OK, with the receipt applied, only
+    /// once the last chunk's device copy completed.
+    fn serve_staged(&self, transfer: &Admitted, staged: &StagedDestination) -> io::Result<()> {
+        let stream = &transfer.stream;
+        let claim = &transfer.claim;
+        let peer = transfer.peer;
+        let mut received = 0usize;
+        let mut wire = |into: &mut [u8]| {
+            // SAFETY: `into` is a slot of the staging ring, memory of this
+            // process valid for its whole length, borrowed mutably here.
+            unsafe { recv_exact_into(stream, into.as_mut_ptr(), into.len()) }.map_err(|error| {
+                if is_timeout(&error) {
+                    status::deadline_exceeded(format!(
+                        "receiver timed out waiting for payload bytes from {peer} after {:?}",
+                        self.config.io_timeout
+                    ))
+                } else {
+                    status::unavailable(format!(
+                        "the sender at {peer} went away after {received} of {} staged bytes: {error}",
+                        claim.length
+                    ))
+                }
+            })?;
+            received += into.len();
+            Ok(())
+        };
+        match staged.receive(
+            claim.offset,
+            claim.length,
+            &mut wire,
+            self.config.io_timeout,
+        ) {
+            Ok(_) => (&*stream).write_all(&encode_response(&landed(claim, &self.sink))),
+            Err(verdict) => {
+                let _ = (&*stream).write_all(&encode_refusal(verdict.clone()));
+                Err(io::Error::other(verdict.to_string()))
             }
         }
     }

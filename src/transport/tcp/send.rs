@@ -16,6 +16,7 @@ use super::wire::{
 use crate::status::{self, Code, Result, Status};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::registry::Delivered;
+use crate::transport::staging::Drain;
 
 /// Each write call is at most this large so the deadline is re-armed often.
 const WRITE_CHUNK: usize = 8 << 20;
@@ -31,6 +32,30 @@ const MAX_IDLE_PER_RECEIVER: usize = 16;
 #[derive(Default)]
 pub struct TcpSender {
     idle: Mutex<HashMap<SocketAddr, Vec<(TcpStream, Instant)>>>,
+}
+
+/// What a request carries after its header.
+pub enum Payload<'a> {
+    Bytes(&'a [u8]),
+    /// `len` bytes that `write` hands, in order, to the sink it is given
+    /// (each chunk goes on the wire before the call returns).
+    Chunks {
+        len: usize,
+        write: &'a mut dyn FnMut(&mut Drain<'_>) -> Result<()>,
+    },
+}
+
+impl Payload<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(bytes) => bytes.len(),
+            Payload::Chunks { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// How one attempt on one connection ended, when not with an answer.
@@ -65,11 +90,27 @@ impl TcpSender {
         receipt: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Delivered> {
+        let mut payload = Payload::Bytes(bytes);
+        self.send_payload(endpoint, token, offset, &mut payload, receipt, timeout)
+    }
+
+    /// `send`, with a payload that may be written chunk by chunk (a staged
+    /// source, transport/staging/). A retry on a new connection writes it
+    /// again from its start.
+    pub fn send_payload(
+        &self,
+        endpoint: SocketAddr,
+        token: &AuthToken,
+        offset: u64,
+        payload: &mut Payload<'_>,
+        receipt: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Delivered> {
         let deadline = Deadline::after(endpoint, timeout);
         let header = RequestHeader {
             token: *token,
             offset,
-            length: bytes.len() as u64,
+            length: payload.len() as u64,
             receipt: receipt
                 .filter(|receipt| receipt.len() <= MAX_RECEIPT_LEN)
                 .map(<[u8]>::to_vec)
@@ -78,7 +119,7 @@ impl TcpSender {
         .encode();
         let mut stale = None;
         if let Some(stream) = self.take_idle(endpoint) {
-            match exchange(&stream, &header, bytes, &deadline, true) {
+            match exchange(&stream, &header, payload, &deadline, true) {
                 Ok(delivered) => {
                     self.keep(endpoint, stream);
                     return Ok(delivered);
@@ -93,7 +134,7 @@ impl TcpSender {
             }
         }
         let stream = connect(endpoint, &deadline)?;
-        match exchange(&stream, &header, bytes, &deadline, false) {
+        match exchange(&stream, &header, payload, &deadline, false) {
             Ok(delivered) => {
                 self.keep(endpoint, stream);
                 Ok(delivered)
@@ -176,19 +217,32 @@ fn connect(endpoint: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
 fn exchange(
     stream: &TcpStream,
     header: &[u8],
-    bytes: &[u8],
+    payload: &mut Payload<'_>,
     deadline: &Deadline,
     reused: bool,
 ) -> std::result::Result<Delivered, Broken> {
     let endpoint = deadline.endpoint;
-    let sent = if bytes.len() <= COALESCED_PAYLOAD_BYTES {
-        let mut message = Vec::with_capacity(header.len() + bytes.len());
-        message.extend_from_slice(header);
-        message.extend_from_slice(bytes);
-        write_with_deadline(stream, &message, deadline)
-    } else {
-        write_with_deadline(stream, header, deadline)
-            .and_then(|()| write_with_deadline(stream, bytes, deadline))
+    let sent = match payload {
+        Payload::Bytes(bytes) if bytes.len() <= COALESCED_PAYLOAD_BYTES => {
+            let mut message = Vec::with_capacity(header.len() + bytes.len());
+            message.extend_from_slice(header);
+            message.extend_from_slice(bytes);
+            write_with_deadline(stream, &message, deadline)
+        }
+        Payload::Bytes(bytes) => write_with_deadline(stream, header, deadline)
+            .and_then(|()| write_with_deadline(stream, bytes, deadline)),
+        Payload::Chunks { write, .. } => {
+            write_with_deadline(stream, header, deadline).and_then(|()| {
+                let mut socket_error = None;
+                let written = write(&mut |chunk: &[u8]| {
+                    write_with_deadline(stream, chunk, deadline).map_err(|(status, error)| {
+                        socket_error = error;
+                        status
+                    })
+                });
+                written.map_err(|status| (status, socket_error))
+            })
+        }
     };
     if let Err((write_error, cause)) = sent {
         // The receiver may have refused the transfer and closed; its answer

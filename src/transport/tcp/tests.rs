@@ -818,3 +818,153 @@ fn kept_connections_too_old_to_reuse_or_closed_by_the_receiver_are_closed_by_a_s
         std::thread::yield_now();
     }
 }
+
+/// Host memory whose LAST chunk's copy completes only when the test opens
+/// the gate (the other copies complete at once).
+struct GatedDevice {
+    memory: Arc<HeapDestination>,
+    gate: Arc<(parking_lot::Mutex<(bool, bool)>, parking_lot::Condvar)>,
+}
+
+struct GateCompletion(Arc<(parking_lot::Mutex<(bool, bool)>, parking_lot::Condvar)>);
+
+impl crate::transport::staging::CopyCompletion for GateCompletion {
+    fn is_done(&mut self) -> crate::status::Result<bool> {
+        Ok(self.0 .0.lock().1)
+    }
+
+    fn wait_until(&mut self, until: Instant) -> crate::status::Result<bool> {
+        let mut state = self.0 .0.lock();
+        while !state.1 {
+            if self.0 .1.wait_until(&mut state, until).timed_out() {
+                break;
+            }
+        }
+        Ok(state.1)
+    }
+}
+
+impl crate::transport::staging::DeviceCopy for GatedDevice {
+    fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    fn to_device(
+        &self,
+        slot: &crate::transport::staging::Slot,
+        offset: usize,
+        len: usize,
+    ) -> crate::status::Result<crate::transport::staging::Pending> {
+        use crate::transport::staging::{HostCopy, Pending};
+        HostCopy::new(self.memory.clone()).to_device(slot, offset, len)?;
+        if offset + len < self.memory.len() {
+            return Ok(Pending::Done);
+        }
+        let mut state = self.gate.0.lock();
+        state.0 = true;
+        self.gate.1.notify_all();
+        Ok(Pending::Running(Box::new(GateCompletion(
+            self.gate.clone(),
+        ))))
+    }
+
+    fn to_host(
+        &self,
+        _offset: usize,
+        _slot: &crate::transport::staging::Slot,
+        _len: usize,
+    ) -> crate::status::Result<crate::transport::staging::Pending> {
+        Err(crate::status::unimplemented("receive side only"))
+    }
+}
+
+#[test]
+fn a_staged_receive_sets_the_receipt_only_after_its_last_copy_completed() {
+    use crate::transport::staging::{HostSource, StagedDestination, Staging, StagingConfig, Stop};
+    let server = server_with(2, Duration::from_secs(10));
+    let (set_tx, set_rx) = crossbeam_channel::unbounded::<String>();
+    server.set_receipt_sink(Arc::new(move |key: &str, _value: &[u8]| {
+        set_tx.send(key.to_string()).unwrap();
+        Ok(())
+    }));
+    let staging = Staging::new(StagingConfig {
+        chunk_bytes: 64 << 10,
+        ring_depth: 3,
+        stage_host_transfers: true,
+    })
+    .unwrap();
+    let len = (1 << 20) + 123;
+    let memory = Arc::new(HeapDestination::new(len));
+    let gate = Arc::new(Default::default());
+    let device = Arc::new(GatedDevice {
+        memory: memory.clone(),
+        gate: Arc::clone(&gate),
+    });
+    let staged = Arc::new(StagedDestination::new(
+        memory.clone(),
+        device,
+        staging.clone(),
+    ));
+    let token = AuthToken::generate().unwrap();
+    server
+        .registry()
+        .register_with_key(token, staged, Some("the-key".into()))
+        .unwrap();
+    let bytes = pattern(len, 77);
+    let endpoint = server.local_addr();
+    let sending = {
+        let (bytes, staging) = (bytes.clone(), staging.clone());
+        std::thread::spawn(move || {
+            let mut write = |wire: &mut crate::transport::staging::Drain<'_>| {
+                staging
+                    .send(
+                        &HostSource::new(&bytes),
+                        0,
+                        bytes.len(),
+                        wire,
+                        &Stop::new(),
+                        Duration::from_secs(10),
+                    )
+                    .map(|_| ())
+            };
+            let mut payload = Payload::Chunks {
+                len: bytes.len(),
+                write: &mut write,
+            };
+            TcpSender::new().send_payload(
+                endpoint,
+                &token,
+                0,
+                &mut payload,
+                Some(b"receipt"),
+                Duration::from_secs(10),
+            )
+        })
+    };
+    {
+        let mut state = gate.0.lock();
+        while !state.0 {
+            gate.1.wait(&mut state);
+        }
+    }
+    // Every byte is on the receiver's side, the last copy not completed.
+    assert!(
+        set_rx.try_recv().is_err(),
+        "receipt set before the last copy completed"
+    );
+    assert!(
+        !sending.is_finished(),
+        "acknowledged before the last copy completed"
+    );
+    {
+        let mut state = gate.0.lock();
+        state.1 = true;
+        gate.1.notify_all();
+    }
+    let delivered = sending.join().unwrap().unwrap();
+    assert!(delivered.receipt_applied);
+    assert_eq!(set_rx.recv().unwrap(), "the-key");
+    assert_eq!(memory.to_vec(), bytes);
+    assert_eq!(staging.staged(), 2, "both halves went through the pipeline");
+    assert!(server.registry().is_empty());
+}
