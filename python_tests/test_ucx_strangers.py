@@ -13,6 +13,11 @@ real bytes afterwards.
   it, the victim died within a few strangers. The plugin loads no UCX before
   1.14, so the victim lives, refuses every message, and still receives the
   friend's bytes.
+- A stranger that holds more connections to the UCX ports than the victim
+  may open files: with a hard limit above the flood, the victim raised its
+  soft limit at start (as a client's creation does) and still takes a
+  friend's bytes during the flood; at a hard limit of 1,024 it runs out of
+  descriptors but lives (UCX 1.13 aborted in `tcp_iface.c` there).
 - A message that names a dead process of the job as its sender makes the
   victim open no connection: a refusal is told only over a connection that
   is already open, so the victim's descriptors stay where they were.
@@ -27,6 +32,7 @@ import json
 import os
 import secrets
 import subprocess
+import time
 
 import pytest
 
@@ -52,10 +58,13 @@ def json_line(proc: subprocess.Popen, timeout: float = 30.0) -> dict:
 
 
 class Victim:
-    def __init__(self, bed):
+    def __init__(self, bed, open_files: str | None = None):
         if not os.path.exists(BIN):
             pytest.skip(f"{BIN} is not built (cargo build --release)")
-        self.proc = bed.popen("b", [BIN, "victim"], stdin=subprocess.PIPE,
+        argv = [BIN, "victim"]
+        if open_files is not None:
+            argv = ["prlimit", f"--nofile={open_files}"] + argv
+        self.proc = bed.popen("b", argv, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             hello = json_line(self.proc)
@@ -131,3 +140,103 @@ def test_a_message_naming_a_dead_process_costs_no_connection(two_hosts):
 
 def two_hosts_kill(proc: subprocess.Popen) -> None:
     two_hosts.kill_group(proc)
+
+
+# Holds connections to every port of the victim's host that accepts (its UCX
+# workers' listeners), raising its own open-file limit first; prints how
+# many it holds, then holds them until its stdin closes.
+HOLDER = r"""
+import resource, socket, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+host, count = sys.argv[1], int(sys.argv[3])
+held = []
+def holds(port):
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((host, port))
+    except OSError:
+        return False
+    held.append(s)
+    return True
+ports = [p for p in map(int, sys.argv[2].split(",")) if holds(p)]
+while ports and len(held) < count:
+    holds(ports[len(held) % len(ports)])
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def listening_ports(bed, host: str) -> list[int]:
+    out = bed.run(host, ["ss", "-ltnH"], timeout=10).stdout
+    return sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if line.strip()})
+
+
+def hold_connections(bed, victim_host: str, count: int) -> subprocess.Popen:
+    ports = listening_ports(bed, victim_host)
+    assert ports, "the victim listens nowhere"
+    holder = bed.popen("a", ["python3", "-c", HOLDER, bed.address(victim_host),
+                             ",".join(map(str, ports)), str(count)],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    held = int(two_hosts.read_line(holder, 120))
+    assert held >= count, f"held only {held} connections"
+    return holder
+
+
+def friend_sends(bed, victim: Victim, process: int) -> str:
+    token = secrets.token_hex(32)
+    victim.ask(f"expect {token} 65536")
+    friend = bed.popen("a", [BIN, "friend", victim.addresses, token, "65536"],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    friend_addresses = ",".join(json_line(friend)["addresses"])
+    victim.ask(f"peer {process} {friend_addresses}")
+    friend.stdin.write(b"go\n")
+    friend.stdin.flush()
+    outcome = json_line(friend, 60)["outcome"]
+    friend.wait(30)
+    return outcome
+
+
+FLOOD = 1300
+
+
+def test_a_connection_flood_beyond_the_soft_fd_limit_is_absorbed_by_the_raised_limit(two_hosts):
+    """Soft limit 1,024, hard 4,096: the victim raised its soft limit at
+    start, so 1,300 held connections leave room for a friend's bytes."""
+    victim = Victim(two_hosts, open_files="1024:4096")
+    holder = hold_connections(two_hosts, "b", FLOOD)
+    try:
+        # The victim's UCX accepts what the holder made (polled: its
+        # progress thread takes them asynchronously).
+        deadline = time.monotonic() + 30
+        while victim.ask("report")["fds"] < FLOOD:
+            assert time.monotonic() < deadline, victim.ask("report")
+        assert friend_sends(two_hosts, victim, 1) == "OK"
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    assert victim.proc.poll() is None
+    assert victim.finish() == 0
+
+
+def test_a_connection_flood_at_the_hard_fd_limit_does_not_take_the_process_down(two_hosts):
+    """Hard limit 1,024: the flood exhausts the victim's descriptors. It
+    lives on through the flood and after it (no abort in UCX's accept path);
+    a stranger can make it unreachable over UCX, which is why the plugin
+    raises the soft limit and why UCX ports belong on the job's network."""
+    victim = Victim(two_hosts, open_files="1024:1024")
+    holder = hold_connections(two_hosts, "b", FLOOD)
+    try:
+        deadline = time.monotonic() + 30
+        while victim.ask("report")["fds"] < 1000:
+            assert time.monotonic() < deadline, victim.ask("report")
+        assert victim.proc.poll() is None
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    deadline = time.monotonic() + 30
+    while victim.ask("report")["fds"] > 100:
+        assert time.monotonic() < deadline, "the flood's connections stay open in the victim"
+    assert victim.proc.poll() is None
+    assert victim.finish() == 0

@@ -8,7 +8,9 @@
 //! reading this source would.
 //!
 //!   crosshost-ucx-stranger victim
-//!       prints {"addresses": [...]}, then reads commands on stdin:
+//!       raises its soft open-file limit to the hard one (as a client's
+//!       creation does), prints {"addresses": [...]}, then reads commands on
+//!       stdin:
 //!       `peer <process> <addresses>` (a process it may answer),
 //!       `expect <token hex> <len>` (a destination for that token),
 //!       `report` (prints {"rejected": n, "fds": open fds, "destinations":
@@ -106,6 +108,8 @@ fn pattern(len: usize) -> Vec<u8> {
 }
 
 fn victim() -> Result<()> {
+    // As a multi-process client does at creation.
+    pjrt_crosshost::transport::fd_limit::raise_once();
     let transport = start(VICTIM)?;
     say_addresses(&transport);
     let mut peers: HashMap<u32, Vec<Vec<u8>>> = HashMap::from([(VICTIM, transport.addresses())]);
