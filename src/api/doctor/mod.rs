@@ -577,7 +577,7 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
         .number("process", me as f64)
         .number("processes", n as f64)
         .text("session", options.session.clone());
-    let mut _server = None;
+    let mut server = None;
     let (callbacks, board): (Option<Arc<dyn RawKvCallbacks>>, Box<dyn Board>) = match (
         &request.coordinator,
         &options.store,
@@ -585,7 +585,7 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
         (Some(coordinator), StoreChoice::Default | StoreChoice::Callbacks) => {
             if me == 0 {
                 match RendezvousServer::start(coordinator) {
-                    Ok(server) => _server = Some(server),
+                    Ok(started) => server = Some(started),
                     Err(e) => {
                         report.problem(
                             e.message,
@@ -762,7 +762,7 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
         )
     };
     let _ = board.put(&done(me), b"1");
-    if me == 0 && _server.is_some() {
+    if me == 0 && server.is_some() {
         for other in 1..n as i32 {
             let _ = board.get(&done(other), wait);
         }
