@@ -120,6 +120,8 @@ def assert_delivered(sent, received, route):
         for shortcut in ("posix", "sysv", "cma", "xpmem", "knem"):
             assert shortcut not in lanes, lanes
         assert sent["metrics"]["transports"]["ucx"]["transfers_sent"] == len(sent["sends"])
+    # Nothing a peer of the job sends is refused.
+    assert m["ucx_messages_rejected"] == 0, m
 
 
 @pytest.mark.parametrize("hide_ucx", [False, True], ids=["ucx", "tcp-fallback"])

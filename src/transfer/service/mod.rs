@@ -439,6 +439,12 @@ impl TransferService {
             ("max_receive_bytes", self.receive_budget.limit()),
             ("pending_send_bytes", self.pending_send_budget.live()),
             ("max_pending_send_bytes", self.pending_send_budget.limit()),
+            // UCX messages dropped or refused unread: malformed, a token no
+            // destination holds, a part outside its destination.
+            (
+                "ucx_messages_rejected",
+                self.ucx.as_ref().map_or(0, |ucx| ucx.rejected_messages()),
+            ),
             ("staged", self.staging.as_ref().map_or(0, |s| s.staged())),
             (
                 "staging_bytes_held",
