@@ -424,6 +424,7 @@ fn start_ucx(
                 .collect();
             peers.insert(me as u32, transport.addresses());
             transport.set_peers(&peers);
+            transport.set_connection_limits(&options.peer_connections);
             // No endpoint is made now: each is made by the first transfer
             // to its peer (UCX 1.14 and later, the only ones used, survive a
             // peer that fails during the wire-up), so creation costs nothing

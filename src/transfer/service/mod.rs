@@ -445,6 +445,12 @@ impl TransferService {
                 "ucx_messages_rejected",
                 self.ucx.as_ref().map_or(0, |ucx| ucx.rejected_messages()),
             ),
+            (
+                "ucx_endpoints_open",
+                self.ucx
+                    .as_ref()
+                    .map_or(0, |ucx| ucx.open_endpoints() as u64),
+            ),
             ("staged", self.staging.as_ref().map_or(0, |s| s.staged())),
             (
                 "staging_bytes_held",

@@ -416,3 +416,78 @@ fn endpoints_made_on_first_use_carry_transfers_both_ways_at_once() {
         assert_eq!(destination.to_vec(), bytes);
     }
 }
+
+#[test]
+fn idle_endpoints_are_closed_by_the_sweep_and_the_next_send_dials_again() {
+    let Some((a, b)) = pair() else { return };
+    a.set_connection_limits(&crate::transport::connections::ConnectionLimits {
+        max_open: 64,
+        idle_timeout: Duration::from_millis(200),
+        grace: Duration::from_millis(0),
+    });
+    let round = |seed: u8| {
+        let destination = Arc::new(HeapDestination::new(4096));
+        let token = AuthToken::generate().unwrap();
+        b.registry().register(token, destination.clone()).unwrap();
+        send(&a, 1, token, 0, pattern(4096, seed)).unwrap();
+        assert_eq!(destination.to_vec(), pattern(4096, seed));
+    };
+    round(1);
+    assert!(a.open_endpoints() > 0);
+    let deadline = std::time::Instant::now() + WAIT;
+    while a.open_endpoints() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle endpoints stay open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Closed in order: the peer is alive and the next send dials again.
+    round(2);
+    assert!(a.open_endpoints() > 0);
+}
+
+#[test]
+fn beyond_the_bound_the_least_recently_used_idle_endpoint_is_closed() {
+    let loaded = match load(None) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("SKIPPED: no UCX: {}", e.message);
+            return;
+        }
+    };
+    let sender = UcxTransport::with_workers(&loaded, 0, 1).unwrap();
+    let receivers: Vec<UcxTransport> = (1..=3)
+        .map(|p| UcxTransport::with_workers(&loaded, p, 1).unwrap())
+        .collect();
+    let mut peers: HashMap<u32, Vec<Vec<u8>>> = HashMap::from([(0, sender.addresses())]);
+    for (i, r) in receivers.iter().enumerate() {
+        peers.insert(i as u32 + 1, r.addresses());
+    }
+    sender.set_peers(&peers);
+    for r in &receivers {
+        r.set_peers(&peers);
+    }
+    sender.set_connection_limits(&crate::transport::connections::ConnectionLimits {
+        max_open: 1,
+        idle_timeout: Duration::from_secs(3600),
+        grace: Duration::from_millis(0),
+    });
+    for (i, r) in receivers.iter().enumerate() {
+        let destination = Arc::new(HeapDestination::new(64));
+        let token = AuthToken::generate().unwrap();
+        r.registry().register(token, destination.clone()).unwrap();
+        send(&sender, i as u32 + 1, token, 0, pattern(64, i as u8)).unwrap();
+        assert_eq!(destination.to_vec(), pattern(64, i as u8));
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while sender.open_endpoints() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} endpoints open, bound 1",
+            sender.open_endpoints()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sender.open_endpoints(), 1, "the most recently used stays");
+}

@@ -16,6 +16,7 @@ use super::transfer::{stripes, workers_per_process, Payload, SendDone, Transfer}
 use super::worker::{SendPart, WorkerHandle};
 use crate::status::Result;
 use crate::transport::auth_token::AuthToken;
+use crate::transport::connections::ConnectionLimits;
 use crate::transport::registry::DestinationRegistry;
 use crate::transport::registry::ReceiptSink;
 
@@ -129,6 +130,19 @@ impl UcxTransport {
     }
 
     /// DATA messages refused (unknown token, bad header or bounds).
+    /// Endpoints open to peers, over all workers.
+    pub fn open_endpoints(&self) -> usize {
+        self.workers.iter().map(WorkerHandle::open_endpoints).sum()
+    }
+
+    /// Bounds each worker's sweeps keep its open endpoints to (the
+    /// client's `max_peer_connections`, `peer_idle_timeout_ms`).
+    pub fn set_connection_limits(&self, limits: &ConnectionLimits) {
+        for worker in &self.workers {
+            worker.set_connection_limits(limits.clone());
+        }
+    }
+
     pub fn rejected_messages(&self) -> u64 {
         self.workers
             .iter()

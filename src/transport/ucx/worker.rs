@@ -37,11 +37,14 @@ use crate::status::{self, Result, Status};
 use crate::sync::threads::Slice;
 use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
+use crate::transport::connections::{choose_to_close, ConnectionLimits, Use};
 use crate::transport::destination::WritableDestination;
 use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink};
 
 /// Longest sleep of an idle progress thread.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
+/// How often idle endpoints are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Bound on closing the endpoints at shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -176,6 +179,8 @@ struct Peer {
     address: Vec<u8>,
     /// Created on first use, and again on the first use after a failure.
     ep: Option<ucp_ep_h>,
+    /// When a send last asked for the endpoint (sweeps close idle ones).
+    last_used: Instant,
     /// Why its last endpoint was closed (it failed, or a send to it missed
     /// its deadline), until a new one is made: said when redialling. A late
     /// transfer must not cut two live processes apart for good, and UCX 1.14
@@ -332,6 +337,16 @@ impl WorkerHandle {
         self.rejected.load(Ordering::Relaxed)
     }
 
+    /// Endpoints this worker has open to its peers.
+    pub fn open_endpoints(&self) -> usize {
+        self.worker.lock().open_endpoints()
+    }
+
+    /// The bounds its sweeps keep open endpoints to.
+    pub fn set_connection_limits(&self, limits: ConnectionLimits) {
+        self.worker.lock().limits = limits;
+    }
+
     /// Connects to every peer now (waiting at most `timeout`).
     pub fn connect(&self, timeout: Duration) -> Result<()> {
         let (reply, answer) = crossbeam_channel::bounded(1);
@@ -417,6 +432,9 @@ struct Worker {
     lanes: Lanes,
     held: Arc<AtomicUsize>,
     closing: Vec<ucs_status_ptr_t>,
+    /// Bounds on open endpoints (`transport/connections/`'s rules).
+    limits: ConnectionLimits,
+    next_sweep: Instant,
 }
 
 // SAFETY: the UCP handles are used by one thread at a time (the worker's
@@ -564,6 +582,8 @@ impl Worker {
             lanes,
             held,
             closing: Vec::new(),
+            limits: ConnectionLimits::default(),
+            next_sweep: Instant::now() + SWEEP_EVERY,
         })
     }
 
@@ -584,7 +604,9 @@ impl Worker {
                     }
                 }
                 worker.progress();
-                worker.expire(Instant::now());
+                let now = Instant::now();
+                worker.expire(now);
+                worker.sweep_endpoints(now);
                 // SAFETY: a live worker, under its lock.
                 let armed = unsafe { (worker.api.worker_arm)(worker.worker) };
                 if armed == UCS_ERR_BUSY {
@@ -702,6 +724,7 @@ impl Worker {
                     Peer {
                         address,
                         ep: None,
+                        last_used: Instant::now(),
                         failed: None,
                     },
                 );
@@ -801,6 +824,7 @@ impl Worker {
                 peer.0, peer.1
             )));
         };
+        state.last_used = Instant::now();
         if let Some(ep) = state.ep {
             return Ok(ep);
         }
@@ -1079,6 +1103,48 @@ impl Worker {
             }
             self.release_if_finished(request);
         }
+    }
+
+    /// Closes idle endpoints by the connection room's rules (unused for the
+    /// idle timeout, or least recently used beyond the bound; never one a
+    /// send still uses or waits on), at most once a second. The next send
+    /// to a closed one dials again.
+    fn sweep_endpoints(&mut self, now: Instant) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.next_sweep = now + SWEEP_EVERY;
+        let open: Vec<Remote> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.ep.is_some())
+            .map(|(remote, _)| *remote)
+            .collect();
+        let uses: Vec<Use> = open
+            .iter()
+            .enumerate()
+            .map(|(i, remote)| Use {
+                peer: i as u32,
+                last_used: self.peers[remote].last_used,
+                idle: !self
+                    .sends
+                    .values()
+                    .any(|op| op.peer == remote.0 && !(op.answered && op.ucx_done)),
+            })
+            .collect();
+        for chosen in choose_to_close(&uses, &self.limits, now) {
+            let remote = open[chosen as usize];
+            log::debug!(
+                "UCX transport: closing the idle endpoint to process {} worker {}",
+                remote.0,
+                remote.1
+            );
+            self.close_endpoint(remote, false);
+        }
+    }
+
+    fn open_endpoints(&self) -> usize {
+        self.peers.values().filter(|p| p.ep.is_some()).count()
     }
 
     /// Closes the endpoint to `peer`, forcibly (its requests complete with
