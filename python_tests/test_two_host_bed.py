@@ -155,6 +155,24 @@ def test_each_host_has_only_loopback_and_its_veth_and_no_route_out(two_hosts):
     assert two_hosts.name not in _root_links()
 
 
+def test_each_host_knows_the_others_hardware_address_for_good(two_hosts):
+    """Pinned neighbours: the machine's shared neighbour table (or a fault
+    test dropping packets) cannot make the bed lose its ARP."""
+    code = """
+        import json, subprocess
+        link = json.loads(subprocess.run(["ip", "-j", "link", "show", "eth0"],
+                                         capture_output=True, check=True).stdout)
+        neigh = json.loads(subprocess.run(["ip", "-j", "neigh", "show", "dev", "eth0"],
+                                          capture_output=True, check=True).stdout)
+        print(json.dumps({"mac": link[0]["address"],
+                          "neigh": {n["dst"]: [n.get("lladdr"), n.get("state")] for n in neigh}}))
+    """
+    seen = {host: on(two_hosts, host, code) for host in ("a", "b")}
+    for host, other in (("a", "b"), ("b", "a")):
+        entry = seen[host]["neigh"].get(two_hosts.address(other))
+        assert entry == [seen[other]["mac"], ["PERMANENT"]], seen
+
+
 SERVER = """
     import hashlib, json, socket, sys
     port = int(sys.argv[1])

@@ -120,6 +120,15 @@ cmd_up() {
   ip -n "$name-b" link set lo up
   ip -n "$name-a" link set "$IFACE" up
   ip -n "$name-b" link set "$IFACE" up
+  # Each host knows the other's hardware address for good: the neighbour
+  # table is shared by every namespace on the machine, and a full one (or
+  # a fault test dropping packets) must not make the bed lose its ARP.
+  local mac_a mac_b
+  mac_a="$(ip -n "$name-a" -o link show "$IFACE" | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')"
+  mac_b="$(ip -n "$name-b" -o link show "$IFACE" | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')"
+  [ -n "$mac_a" ] && [ -n "$mac_b" ] || die "bed $name: cannot read the hosts' hardware addresses"
+  ip -n "$name-a" neigh replace "$ADDR_B" lladdr "$mac_b" dev "$IFACE" nud permanent
+  ip -n "$name-b" neigh replace "$ADDR_A" lladdr "$mac_a" dev "$IFACE" nud permanent
   # A freshly raised link keeps a tentative IPv6 link-local address for about
   # a second (duplicate address detection). UCX 1.13 opened in that window
   # finds the peer's TCP device unreachable ("Destination is unreachable",
