@@ -6,8 +6,10 @@
 #     and etcd 3.4 (etcd-server, etcd-client: the etcd store's tests run a
 #     real server and list its keys with etcdctl), from apt;
 #   - UCX (libucx0: the data plane across hosts, loaded at run time;
-#     libucx-dev: its header, for tests/ucx_layout.rs), and iproute2 (the
-#     two-host test bed, scripts/two-hosts.sh), from apt;
+#     libucx-dev: its header, for tests/ucx_layout.rs), iproute2 (the
+#     two-host test bed, scripts/two-hosts.sh) and nftables (the bed's loss,
+#     duplication and partition faults, python_tests/test_bed_faults.py),
+#     from apt;
 #   - pytest and numpy for python_tests/, from PyPI;
 #   - UCX 1.22 (the libucx-cu12 wheel) from PyPI: the plugin uses no UCX
 #     before 1.14, and Debian's libucx0 is 1.13;
@@ -46,6 +48,7 @@ if ! command -v etcdctl >/dev/null 2>&1; then apt_pkgs+=(etcd-client); fi
 if ! dpkg -s libucx0 >/dev/null 2>&1; then apt_pkgs+=(libucx0); fi
 if ! dpkg -s libucx-dev >/dev/null 2>&1; then apt_pkgs+=(libucx-dev); fi
 if ! command -v ip >/dev/null 2>&1; then apt_pkgs+=(iproute2); fi
+if ! command -v nft >/dev/null 2>&1 && [ ! -x /usr/sbin/nft ]; then apt_pkgs+=(nftables); fi
 # The TLS etcd tests make their certificates with openssl.
 if ! command -v openssl >/dev/null 2>&1; then apt_pkgs+=(openssl); fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
