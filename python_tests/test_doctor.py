@@ -255,8 +255,9 @@ def test_a_job_of_two_processes_on_this_host_answers_with_round_trip_times():
         (peer,) = report["job"]["peers"]
         assert peer["process"] == 1 - index
         assert peer["route"] == "shared memory (same host)", peer
-        assert peer["control_rtt_ms"] > 0 and peer["control_at"].startswith("unix:"), peer
+        assert peer["control_rtt_ms"] > 0 and peer["control_at"].startswith("at unix:"), peer
         assert peer["tcp_rtt_ms"] > 0, peer
+        assert "ucx_rtt_ms" not in peer, peer  # same host: no UCX under transport=auto
 
 
 def test_a_job_whose_other_process_never_starts_names_it_and_the_option():
@@ -304,9 +305,12 @@ def test_on_the_two_host_bed_the_peers_answer_and_an_unreachable_one_is_named_on
     for report, other in ((a, "b"), (b, "a")):
         (peer,) = report["job"]["peers"]
         assert peer["host"] == bed.hostname(other), peer
-        assert peer["control_at"].startswith(bed.address(other) + ":"), peer
+        assert peer["control_at"].startswith(f"at {bed.address(other)}:"), peer
         assert peer["control_rtt_ms"] > 0 and peer["tcp_rtt_ms"] > 0, peer
         assert peer["route"] == ("UCX" if WHEEL else "TCP"), peer
+        if WHEEL:
+            # The UCX endpoint answered too, over TCP on the bed's veth.
+            assert peer["ucx_rtt_ms"] > 0 and peer["ucx_at"].endswith(" workers"), peer
 
     # Host b advertises an address of its own that host a has no route to
     # (a second address, on its loopback: a multi-homed host advertising the

@@ -40,8 +40,12 @@ use crate::transport::ucx;
 /// The session the doctor's job uses unless `session` is given, so that it
 /// never joins a real job's session in a shared store.
 pub const DOCTOR_SESSION: &str = "crosshost-doctor";
-/// Round trips timed on each control link.
+/// Round trips timed on each control link and UCX endpoint.
 const PINGS: usize = 5;
+/// What to change when a peer's UCX endpoint does not answer (UCX picks its
+/// own interfaces from the worker addresses).
+const UCX_CHANGE: &str = "UCX_NET_DEVICES=<the interface the hosts share, e.g. eth0> on every \
+     process (UCX's own setting), or transport=tcp to leave UCX out";
 
 /// What the doctor is asked: create options, and its own.
 #[derive(Clone, Debug, Default)]
@@ -648,7 +652,9 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
         started.elapsed().as_secs_f64() * 1e3
     ));
     let session = client.transfers().session();
-    let seen = check_peers(session, options.transport, request.timeout);
+    let mut seen = check_peers(session, options.transport, request.timeout);
+    // Kept until every process has published what it saw: the others ping it.
+    let _ucx = ping_ucx(session, &options, &*board, request.timeout, &mut seen);
     let mut peers = Vec::new();
     for process in session.processes.iter().filter(|p| p.process_index != me) {
         let p = process.process_index;
@@ -677,25 +683,34 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
                 Ok(ms) => {
                     line.push_str(&format!(
                         "; {} {} answers, {ms:.3} ms round trip",
-                        s.what, s.at
+                        describe_what(&s.what),
+                        s.at
                     ));
                     facts.push((format!("{}_rtt_ms", s.what), Fact::Number(*ms)));
                 }
                 Err(e) => {
-                    line.push_str(&format!("; {} {} does not answer", s.what, s.at));
+                    line.push_str(&format!(
+                        "; {} {} does not answer",
+                        describe_what(&s.what),
+                        s.at
+                    ));
                     facts.push((format!("{}_error", s.what), Fact::Text(e.clone())));
                     report.problem(
                         format!(
-                            "process {p} (host {}) does not answer on its {} at {}: {e}",
+                            "process {p} (host {}) does not answer on its {} {}: {e}",
                             process.host.hostname,
                             describe_what(&s.what),
                             s.at
                         ),
-                        format!(
-                            "give process {p} the create option advertise_address=<an address \
-                             of its host that this host can reach> (under JAX: \
-                             PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)"
-                        ),
+                        if s.what == "ucx" {
+                            UCX_CHANGE.to_string()
+                        } else {
+                            format!(
+                                "give process {p} the create option advertise_address=<an \
+                                 address of its host that this host can reach> (under JAX: \
+                                 PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)"
+                            )
+                        },
                     );
                 }
             }
@@ -733,15 +748,19 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
                     if let Err(e) = &s.outcome {
                         report.problem(
                             format!(
-                                "process {other} cannot reach this process on its {} at {}: {e}",
+                                "process {other} cannot reach this process on its {} {}: {e}",
                                 describe_what(&s.what),
                                 s.at
                             ),
-                            format!(
-                                "advertise_address=<an address of this host that process {other}'s \
-                                 host can reach>{}",
-                                advertised_note(session, me)
-                            ),
+                            if s.what == "ucx" {
+                                UCX_CHANGE.to_string()
+                            } else {
+                                format!(
+                                    "advertise_address=<an address of this host that process \
+                                     {other}'s host can reach>{}",
+                                    advertised_note(session, me)
+                                )
+                            },
                         );
                     }
                 }
@@ -775,7 +794,143 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
 fn describe_what(what: &str) -> &'static str {
     match what {
         "control" => "control link",
+        "ucx" => "UCX endpoint",
         _ => "TCP data port",
+    }
+}
+
+/// Round trips over UCX to each peer reached over it: the doctor's own
+/// workers (the client's are not reachable from here), started with the
+/// library the client took, their addresses exchanged on the board. Each
+/// ping is a DATA message for a token the peer does not know, which it
+/// refuses over the same connection: an answer, timed. The first send
+/// also wires the endpoint up; the median of the ones after it is kept.
+fn ping_ucx(
+    session: &Session,
+    options: &ClientOptions,
+    board: &dyn Board,
+    timeout: Duration,
+    seen: &mut Vec<Seen>,
+) -> Option<ucx::UcxTransport> {
+    let me = session.process_index;
+    let local = HostIdentity::local().ok();
+    let peers: Vec<i32> = session
+        .processes
+        .iter()
+        .filter(|p| {
+            p.process_index != me && options.transport.wants_ucx(local.as_ref() == Some(&p.host))
+        })
+        .map(|p| p.process_index)
+        .collect();
+    if options.transport == TransportChoice::Tcp || session.processes.len() < 2 {
+        return None;
+    }
+    let key = |process: i32| format!("{}/doctor/{}/ucx/{process}", options.session, session.epoch);
+    let transport = ucx::load_for(options.ucx_library.as_deref(), false)
+        .and_then(|loaded| ucx::UcxTransport::start(&loaded, me as u32))
+        .ok();
+    // Published by every process (empty without UCX), read by those that
+    // reach it over UCX.
+    let mine = transport.as_ref().map_or(String::new(), |t| {
+        t.addresses()
+            .iter()
+            .map(|a| rendezvous::hex(a))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    let _ = board.put(&key(me), mine.as_bytes());
+    let transport = transport?;
+    let mut addresses = std::collections::HashMap::new();
+    addresses.insert(me as u32, transport.addresses());
+    for &peer in &peers {
+        let theirs = board
+            .get(&key(peer), timeout * 3)
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        let workers: Vec<Vec<u8>> = theirs
+            .split(',')
+            .filter_map(rendezvous::unhex)
+            .filter(|a| !a.is_empty())
+            .collect();
+        if !workers.is_empty() {
+            addresses.insert(peer as u32, workers);
+        }
+    }
+    transport.set_peers(&addresses);
+    for &peer in peers
+        .iter()
+        .filter(|p| addresses.contains_key(&(**p as u32)))
+    {
+        let mut times = Vec::new();
+        let mut failure = None;
+        for _ in 0..PINGS {
+            match ucx_round_trip(&transport, peer as u32, timeout) {
+                Ok(ms) => times.push(ms),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        // Lanes are known only for transfers that carried bytes; pings do not.
+        let at = format!("at its {} workers", addresses[&(peer as u32)].len());
+        let outcome = match failure {
+            Some(e) => Err(e),
+            None => {
+                let mut after_wireup = times.split_off(1);
+                after_wireup.sort_by(f64::total_cmp);
+                Ok(after_wireup[after_wireup.len() / 2])
+            }
+        };
+        seen.push(Seen {
+            peer,
+            what: "ucx".into(),
+            at,
+            outcome,
+        });
+    }
+    Some(transport)
+}
+
+/// One DATA message to `peer` for an unknown token, and its refusal.
+fn ucx_round_trip(
+    transport: &ucx::UcxTransport,
+    peer: u32,
+    timeout: Duration,
+) -> std::result::Result<f64, String> {
+    let token = crate::transport::auth_token::AuthToken::generate().map_err(|e| e.message)?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let started = Instant::now();
+    transport.send(
+        peer,
+        token,
+        0,
+        ucx::Payload::owned(vec![0; 8]),
+        None,
+        timeout,
+        Box::new(move |outcome| {
+            let _ = tx.send(outcome.map(|_| ()));
+        }),
+        0,
+    );
+    let answer = rx
+        .recv_timeout(timeout + Duration::from_secs(1))
+        .map_err(|_| format!("no answer within {timeout:?}"))?;
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    match answer {
+        Ok(()) => Ok(elapsed),
+        // The refusal of an unknown token is the answer looked for.
+        Err(e)
+            if !matches!(
+                e.code,
+                crate::status::Code::DeadlineExceeded
+                    | crate::status::Code::Unavailable
+                    | crate::status::Code::Cancelled
+            ) =>
+        {
+            Ok(elapsed)
+        }
+        Err(e) => Err(e.message),
     }
 }
 
@@ -807,9 +962,9 @@ fn check_peers(session: &Session, transport: TransportChoice, timeout: Duration)
         let same_host = local.as_ref() == Some(&process.host) && transport != TransportChoice::Tcp;
         if let Some(endpoint) = &process.control {
             let at = if same_host {
-                format!("unix:{}", endpoint.unix_name)
+                format!("at unix:{}", endpoint.unix_name)
             } else {
-                endpoint.tcp.to_string()
+                format!("at {}", endpoint.tcp)
             };
             seen.push(Seen {
                 peer,
@@ -826,7 +981,7 @@ fn check_peers(session: &Session, transport: TransportChoice, timeout: Duration)
             seen.push(Seen {
                 peer,
                 what: "tcp".into(),
-                at: tcp.to_string(),
+                at: format!("at {tcp}"),
                 outcome,
             });
         }
