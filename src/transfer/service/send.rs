@@ -5,6 +5,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -61,7 +62,8 @@ impl TransferService {
         let (promise, future) = PromiseOnce::new();
         future.on_ready(move |_| drop(lease));
         self.count_failure(&future);
-        self.start_send(source, descriptor, promise, function);
+        let deadline = Instant::now() + self.config.send_timeout;
+        self.start_send(source, descriptor, promise, function, deadline);
         Ok(future)
     }
 
@@ -76,12 +78,17 @@ impl TransferService {
         });
     }
 
+    /// Starts copying `source` to the descriptor's destination; the copy
+    /// ends by `deadline`, the send's own (set when the send was called:
+    /// waiting for the descriptor, the hop to a sending thread and the copy
+    /// all count against one `send_timeout_ms`).
     fn start_send(
         self: &Arc<Self>,
         source: SendSource,
         descriptor: Descriptor,
         promise: PromiseOnce,
         function: &str,
+        deadline: Instant,
     ) {
         let function = function.to_string();
         if let Err(mismatch) = descriptor.validate_against(
@@ -102,7 +109,9 @@ impl TransferService {
         let ready = source.ready.clone();
         if let AllocationHandle::Ucx { process } = descriptor.allocation {
             ready.on_ready(move |defined| match defined {
-                Ok(()) => service.send_over_ucx(source, descriptor, process, promise, function),
+                Ok(()) => {
+                    service.send_over_ucx(source, descriptor, process, promise, function, deadline)
+                }
                 Err(status) => {
                     let failed = Err(CopyError::Failed(status.clone()));
                     service.finish_send(&source, &descriptor, failed, promise, function)
@@ -134,8 +143,9 @@ impl TransferService {
                 let copied = match (defined, &descriptor.allocation) {
                     (Ok(()), AllocationHandle::Tcp { endpoint }) => {
                         let endpoint = *endpoint;
-                        return service
-                            .send_over_tcp(source, descriptor, endpoint, promise, function);
+                        return service.send_over_tcp(
+                            source, descriptor, endpoint, promise, function, deadline,
+                        );
                     }
                     (Ok(()), _) => service.copy_into_destination(&source, &descriptor, &function),
                     (Err(status), _) => Err(CopyError::Failed(status)),
@@ -282,6 +292,7 @@ impl TransferService {
         process: u32,
         promise: PromiseOnce,
         function: String,
+        deadline: Instant,
     ) {
         let prepared = self
             .check_ucx_destination(&descriptor, process, &function)
@@ -319,7 +330,7 @@ impl TransferService {
             offset,
             payload,
             receipt,
-            self.config.send_timeout,
+            left_until(deadline),
             Box::new(move |outcome| match outcome {
                 Ok(delivered) if delivered.receipt_applied => {
                     service.delivered_with_receipt(&source, &descriptor, ByteRoute::Ucx, promise)
@@ -357,7 +368,9 @@ impl TransferService {
         endpoint: std::net::SocketAddr,
         promise: PromiseOnce,
         function: String,
+        deadline: Instant,
     ) {
+        let timeout = left_until(deadline);
         let receipt = self.receipt_with_bytes(&descriptor);
         let mut delivered = None;
         // The connection this send keeps is closed once it is too old to
@@ -374,7 +387,7 @@ impl TransferService {
                         bytes.len(),
                         wire,
                         &Stop::new(),
-                        self.config.send_timeout,
+                        timeout,
                     )
                     .map(|_| ()),
                 None => wire(bytes),
@@ -392,7 +405,7 @@ impl TransferService {
                 descriptor.offset,
                 &mut payload,
                 receipt.as_deref(),
-                self.config.send_timeout,
+                timeout,
             )?);
             Ok(())
         });
@@ -784,6 +797,7 @@ impl TransferService {
         peer: i32,
     ) -> Future {
         const F: &str = "PJRT_Transfers_PJRT_Client_CrossHostSendBuffers";
+        let deadline = Instant::now() + self.config.send_timeout;
         let (promise, future) = PromiseOnce::new();
         let slot = Arc::new(Mutex::new(Some(source)));
         let service = self.clone();
@@ -816,7 +830,7 @@ impl TransferService {
                             crate::sync::timeline::Point::DescriptorArrived,
                             &descriptor.completion_key,
                         );
-                        service.start_send(source, descriptor, promise, F)
+                        service.start_send(source, descriptor, promise, F, deadline)
                     }
                     Err(status) => {
                         promise.set(Err(status));
@@ -881,4 +895,9 @@ fn byte_route_of(allocation: &AllocationHandle) -> ByteRoute {
         AllocationHandle::Ucx { .. } => ByteRoute::Ucx,
         AllocationHandle::CudaIpc { .. } => ByteRoute::CudaIpc,
     }
+}
+
+/// What is left of a send's time at `deadline` (nothing once it passed).
+fn left_until(deadline: Instant) -> std::time::Duration {
+    deadline.saturating_duration_since(Instant::now())
 }
