@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::kv::KeyValueStore;
 use crate::status::{self, Result, Status};
 use crate::transport::control::{ControlEndpoint, Secret};
+use crate::transport::hex;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
@@ -37,20 +38,6 @@ pub const MAX_DEVICES_PER_PROCESS: usize = 4096;
 pub const MAX_UCX_ADDRESS_LEN: usize = 64 << 10;
 /// The most UCX workers a peer may state.
 pub const MAX_UCX_WORKERS: usize = 64;
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
 
 /// The devices a process brings to the session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -293,19 +280,26 @@ impl Session {
         )?;
         let roster_key = Session::roster_key(name, &epoch);
         let processes = if process_index == 0 {
-            let deadline = gathering_since + timeout;
-            let gathered = gather_entries(store, name, &epoch, &me, num_processes, deadline);
-            match gathered {
-                Ok(processes) => {
-                    let lines: Vec<String> = processes.iter().map(ProcessEntry::encode).collect();
-                    roster::publish(store, &roster_key, &lines)?;
-                    processes
-                }
-                Err(e) => {
-                    roster::publish_failure(store, &roster_key, &e);
-                    return Err(e);
-                }
-            }
+            let transport = me.transport.clone();
+            roster::gather_and_publish(
+                store,
+                &roster_key,
+                roster::Gathering {
+                    count: num_processes,
+                    own: me.clone(),
+                    deadline: gathering_since + timeout,
+                    key: &|i| Session::entry_key(name, &epoch, i),
+                    waiting: &|i| format!("waiting for process {i} to join session {name:?}"),
+                    decode: &|i, bytes| {
+                        let entry = ProcessEntry::decode(i as i32, bytes)?;
+                        if entry.transport != transport {
+                            return Err(mixed_transports(name, &entry, 0, &transport));
+                        }
+                        Ok(entry)
+                    },
+                    encode: &ProcessEntry::encode,
+                },
+            )?
         } else {
             let waiting = format!("waiting for process 0 to form session {name:?}");
             let lines = roster::read(
@@ -384,39 +378,24 @@ impl Session {
         let roster_key = Session::ucx_roster_key(name, &self.epoch);
         let count = self.processes.len();
         let stated: Vec<UcxStated> = if self.process_index == 0 {
-            let deadline = Instant::now() + timeout;
-            let gathered = (0..count as i32)
-                .map(|peer| {
-                    if peer == 0 {
-                        return Ok(mine.clone());
-                    }
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let bytes = store
-                        .get(&Session::ucx_key(name, &self.epoch, peer), left)
-                        .map_err(|e| {
-                            status::Status::new(
-                                e.code,
-                                format!(
-                                    "waiting for process {peer} of session {name:?} to state its \
-                                     UCX address: {}",
-                                    e.message
-                                ),
-                            )
-                        })?;
-                    UcxStated::decode(name, peer, &bytes)
-                })
-                .collect::<Result<Vec<_>>>();
-            match gathered {
-                Ok(stated) => {
-                    let lines: Vec<String> = stated.iter().map(UcxStated::encode).collect();
-                    roster::publish(store, &roster_key, &lines)?;
-                    stated
-                }
-                Err(e) => {
-                    roster::publish_failure(store, &roster_key, &e);
-                    return Err(e);
-                }
-            }
+            let epoch = &self.epoch;
+            roster::gather_and_publish(
+                store,
+                &roster_key,
+                roster::Gathering {
+                    count,
+                    own: mine,
+                    deadline: Instant::now() + timeout,
+                    key: &|i| Session::ucx_key(name, epoch, i as i32),
+                    waiting: &|i| {
+                        format!(
+                            "waiting for process {i} of session {name:?} to state its UCX address"
+                        )
+                    },
+                    decode: &|i, bytes| UcxStated::decode(name, i as i32, bytes),
+                    encode: &UcxStated::encode,
+                },
+            )?
         } else {
             let waiting =
                 format!("waiting for process 0 to gather session {name:?}'s UCX addresses");
@@ -469,48 +448,6 @@ impl Session {
     }
 }
 
-/// Process 0's part of `establish`: every entry (its own is `me`), each
-/// waited for until `deadline`.
-fn gather_entries(
-    store: &dyn KeyValueStore,
-    name: &str,
-    epoch: &str,
-    me: &ProcessEntry,
-    num_processes: usize,
-    deadline: Instant,
-) -> Result<Vec<ProcessEntry>> {
-    let mut processes = Vec::with_capacity(num_processes);
-    for i in 0..num_processes {
-        if i == me.process_index as usize {
-            processes.push(me.clone());
-            continue;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let bytes = store
-            .get(&Session::entry_key(name, epoch, i), left)
-            .map_err(|e| {
-                status::Status::new(
-                    e.code,
-                    format!(
-                        "waiting for process {i} to join session {name:?}: {}",
-                        e.message
-                    ),
-                )
-            })?;
-        let entry = ProcessEntry::decode(i as i32, &bytes)?;
-        if entry.transport != me.transport {
-            return Err(mixed_transports(
-                name,
-                &entry,
-                me.process_index,
-                &me.transport,
-            ));
-        }
-        processes.push(entry);
-    }
-    Ok(processes)
-}
-
 fn mixed_transports(name: &str, other: &ProcessEntry, me: i32, transport: &str) -> Status {
     status::failed_precondition(format!(
         "session {name:?}: process {} uses transport={} and process {me} transport={transport}: \
@@ -531,7 +468,7 @@ impl UcxStated {
     fn encode(&self) -> String {
         match self {
             UcxStated::Addresses(addresses) => {
-                let list: Vec<String> = addresses.iter().map(|a| hex(a)).collect();
+                let list: Vec<String> = addresses.iter().map(|a| hex::encode(a)).collect();
                 format!("xu1 {}", list.join(","))
             }
             UcxStated::Without(reason) => format!("xu1 - {}", reason.replace('\n', " ")),
@@ -553,7 +490,7 @@ impl UcxStated {
             list => {
                 let addresses = list
                     .split(',')
-                    .map(|text| unhex(text).filter(|a| !a.is_empty()).ok_or_else(bad))
+                    .map(|text| hex::decode(text).filter(|a| !a.is_empty()).ok_or_else(bad))
                     .collect::<Result<Vec<Vec<u8>>>>()?;
                 let total: usize = addresses.iter().map(Vec::len).sum();
                 if addresses.len() > MAX_UCX_WORKERS || total > MAX_UCX_ADDRESS_LEN {

@@ -26,6 +26,7 @@ pub mod control;
 pub mod copy;
 pub mod destination;
 pub mod fd_limit;
+pub mod hex;
 pub mod host_identity;
 pub mod poll;
 pub mod random;

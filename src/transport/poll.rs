@@ -29,3 +29,50 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<u
     }
     Ok(ready as usize)
 }
+
+/// An eventfd another thread writes to wake a thread asleep in `poll` or
+/// epoll (new work, a new deadline, stop).
+pub struct WakeFd(std::os::fd::OwnedFd);
+
+impl WakeFd {
+    pub fn new() -> io::Result<WakeFd> {
+        // SAFETY: eventfd with valid flags; the result is checked.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        Ok(WakeFd(unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) }))
+    }
+
+    /// The descriptor to wait on (readable once woken).
+    pub fn raw(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        unsafe {
+            libc::write(
+                self.raw(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    /// Takes the wake-ups so far (the descriptor is quiet again).
+    pub fn drain(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reading 8 bytes into a live u64 from our own non-blocking
+        // eventfd (at most it fails with EAGAIN).
+        unsafe {
+            libc::read(
+                self.raw(),
+                (&mut count as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+}

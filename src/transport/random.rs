@@ -37,7 +37,7 @@ pub fn random_u64() -> Result<u64> {
 pub fn random_hex(count: usize) -> Result<String> {
     let mut bytes = vec![0u8; count];
     fill_random(&mut bytes)?;
-    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+    Ok(crate::transport::hex::encode(&bytes))
 }
 
 #[cfg(test)]

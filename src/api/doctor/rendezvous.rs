@@ -217,24 +217,19 @@ impl RawKvCallbacks for RendezvousClient {
     }
 }
 
+/// Hex, with "-" for nothing (a field that must not be empty).
 pub(super) fn hex(bytes: &[u8]) -> String {
     if bytes.is_empty() {
         return "-".into();
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::transport::hex::encode(bytes)
 }
 
 pub(super) fn unhex(text: &str) -> Option<Vec<u8>> {
     if text == "-" {
         return Some(Vec::new());
     }
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
+    crate::transport::hex::decode(text)
 }
 
 fn text(bytes: Vec<u8>) -> String {

@@ -30,6 +30,7 @@ use std::time::Duration;
 use pjrt_crosshost::status::Result;
 use pjrt_crosshost::transport::auth_token::AuthToken;
 use pjrt_crosshost::transport::destination::HeapDestination;
+use pjrt_crosshost::transport::hex;
 use pjrt_crosshost::transport::ucx::{load, Payload, UcxTransport};
 
 const VICTIM: u32 = 0;
@@ -57,25 +58,14 @@ fn main() {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 fn addresses_of(text: &str) -> Vec<Vec<u8>> {
     text.split(',')
-        .map(|a| unhex(a).unwrap_or_else(|| panic!("not hex: {a}")))
+        .map(|a| hex::decode(a).unwrap_or_else(|| panic!("not hex: {a}")))
         .collect()
 }
 
 fn token_of(text: &str) -> AuthToken {
-    let bytes = unhex(text).expect("a hex token");
+    let bytes = hex::decode(text).expect("a hex token");
     AuthToken::from_bytes(bytes.try_into().expect("a token's length"))
 }
 
@@ -94,7 +84,7 @@ fn say_addresses(transport: &UcxTransport) {
     let list: Vec<String> = transport
         .addresses()
         .iter()
-        .map(|a| format!("\"{}\"", hex(a)))
+        .map(|a| format!("\"{}\"", hex::encode(a)))
         .collect();
     say(format!(
         "{{\"addresses\": [{}], \"version\": \"{}\"}}",

@@ -10,7 +10,7 @@
 //! finds them all. When process 0 cannot gather the job it publishes
 //! `xr1 failed <code> <why>` instead: the waiting processes then fail at
 //! once with its reason, rather than at their own deadline with none.
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::kv::KeyValueStore;
 use crate::status::{self, Code, Result, Status};
@@ -50,6 +50,55 @@ pub fn publish_failure(store: &dyn KeyValueStore, base: &str, error: &Status) {
     if let Err(e) = store.set(&chunk_key(base, 0), value.as_bytes()) {
         log::warn!("could not tell the job's processes why it failed ({base}): {e}");
     }
+}
+
+/// What process 0 gathers: the value of each of `count` processes (its own,
+/// process 0's, is `own`), each other's read from `key(i)` and waited for
+/// until `deadline` (`waiting(i)` names it in the error), then `decode`d.
+pub struct Gathering<'a, T> {
+    pub count: usize,
+    pub own: T,
+    pub deadline: Instant,
+    pub key: &'a dyn Fn(usize) -> String,
+    pub waiting: &'a dyn Fn(usize) -> String,
+    pub decode: &'a dyn Fn(usize, &[u8]) -> Result<T>,
+    pub encode: &'a dyn Fn(&T) -> String,
+}
+
+/// Process 0's side: gathers every value and publishes them under `base`
+/// as one roster, or, if one cannot be had, publishes why (the others then
+/// fail at once with that reason) and returns it.
+pub fn gather_and_publish<T>(
+    store: &dyn KeyValueStore,
+    base: &str,
+    gathering: Gathering<'_, T>,
+) -> Result<Vec<T>> {
+    let Gathering {
+        count,
+        own,
+        deadline,
+        key,
+        waiting,
+        decode,
+        encode,
+    } = gathering;
+    let mut values = Vec::with_capacity(count);
+    values.push(own);
+    let gathered = (1..count).try_for_each(|i| {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let bytes = store
+            .get(&key(i), left)
+            .map_err(|e| Status::new(e.code, format!("{}: {}", waiting(i), e.message)))?;
+        values.push(decode(i, &bytes)?);
+        Ok(())
+    });
+    if let Err(e) = gathered {
+        publish_failure(store, base, &e);
+        return Err(e);
+    }
+    let lines: Vec<String> = values.iter().map(encode).collect();
+    publish(store, base, &lines)?;
+    Ok(values)
 }
 
 /// The `expected` lines published under `base`, waiting at most `timeout`

@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 
 use crate::status::{self, Result};
 use crate::sync::threads::Slice;
+use crate::transport::poll::WakeFd;
 
 use super::frame::Stream;
 use super::spawn;
@@ -66,8 +67,8 @@ struct Entry {
 
 struct Inner {
     epoll: OwnedFd,
-    /// An eventfd that wakes the thread (a new deadline, stop).
-    wake: OwnedFd,
+    /// Wakes the thread (a new deadline, stop).
+    wake: WakeFd,
     entries: Mutex<HashMap<u64, Entry>>,
     next: AtomicU64,
     stopping: AtomicBool,
@@ -100,16 +101,8 @@ impl Poller {
         }
         // SAFETY: a fresh fd, owned by nothing else.
         let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
-        // SAFETY: as above.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if wake < 0 {
-            return Err(status::resource_exhausted(format!(
-                "control links: eventfd: {}",
-                io::Error::last_os_error()
-            )));
-        }
-        // SAFETY: a fresh fd, owned by nothing else.
-        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let wake = WakeFd::new()
+            .map_err(|e| status::resource_exhausted(format!("control links: eventfd: {e}")))?;
         let inner = Arc::new(Inner {
             epoll,
             wake,
@@ -118,7 +111,7 @@ impl Poller {
             stopping: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
-        inner.watch(inner.wake.as_raw_fd(), 0)?;
+        inner.watch(inner.wake.raw(), 0)?;
         let running = inner.clone();
         let handle = spawn(name, Slice::Short, move || running.run())?;
         *inner.thread.lock() = Some(handle.thread().id());
@@ -146,7 +139,7 @@ impl Poller {
             return Err(e);
         }
         if deadline.is_some() {
-            self.inner.wake();
+            self.inner.wake.wake();
         }
         Ok(Token(token))
     }
@@ -174,7 +167,7 @@ impl Poller {
 impl Drop for Poller {
     fn drop(&mut self) {
         self.inner.stopping.store(true, Ordering::Release);
-        self.inner.wake();
+        self.inner.wake.wake();
         if let Some(handle) = self.thread.lock().take() {
             crate::sync::runner::join_all_except_current(vec![handle], "control link poller");
         }
@@ -213,31 +206,6 @@ impl Inner {
         }
     }
 
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
-    }
-
-    fn drain_wake(&self) {
-        let mut count: u64 = 0;
-        // SAFETY: reading 8 bytes into a live u64 from our own (non-blocking)
-        // eventfd.
-        unsafe {
-            libc::read(
-                self.wake.as_raw_fd(),
-                (&mut count as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
-    }
-
     fn on_own_thread(&self) -> bool {
         *self.thread.lock() == Some(std::thread::current().id())
     }
@@ -269,7 +237,7 @@ impl Inner {
             }
             for event in &events[..ready as usize] {
                 match event.u64 {
-                    0 => self.drain_wake(),
+                    0 => self.wake.drain(),
                     token => self.read(token),
                 }
             }

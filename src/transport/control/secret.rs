@@ -22,18 +22,14 @@ impl Secret {
     }
 
     pub fn to_hex(self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        crate::transport::hex::encode(&self.0)
     }
 
     pub fn from_hex(text: &str) -> Option<Secret> {
-        if text.len() != 2 * SECRET_LEN {
-            return None;
-        }
-        let mut bytes = [0u8; SECRET_LEN];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(Secret(bytes))
+        crate::transport::hex::decode(text)?
+            .try_into()
+            .ok()
+            .map(Secret)
     }
 }
 

@@ -19,7 +19,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -39,6 +39,7 @@ use crate::sync::timeline::{self, Point};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::connections::{choose_to_close, ConnectionLimits, Use};
 use crate::transport::destination::WritableDestination;
+use crate::transport::poll::WakeFd;
 use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink};
 
 /// Longest sleep of an idle progress thread.
@@ -202,7 +203,7 @@ pub type Lanes = Arc<Mutex<HashMap<u32, String>>>;
 
 struct Handle {
     commands: Sender<Command>,
-    wake: OwnedFd,
+    wake: Arc<WakeFd>,
     stopping: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -215,15 +216,7 @@ impl Handle {
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
+        self.wake.wake();
     }
 }
 
@@ -250,17 +243,11 @@ impl WorkerHandle {
         sink: Arc<OnceCell<ReceiptSink>>,
     ) -> Result<WorkerHandle> {
         let (commands, orders) = crossbeam_channel::unbounded();
-        // SAFETY: eventfd with valid flags; the result is checked.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(status::resource_exhausted(format!(
-                "UCX transport: eventfd: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(raw) };
-        let wake_fd = wake.as_raw_fd();
+        let wake = Arc::new(
+            WakeFd::new()
+                .map_err(|e| status::resource_exhausted(format!("UCX transport: eventfd: {e}")))?,
+        );
+        let thread_wake = wake.clone();
         let lanes: Lanes = Arc::default();
         let held: Arc<AtomicUsize> = Arc::default();
         let thread_held = held.clone();
@@ -281,7 +268,7 @@ impl WorkerHandle {
             let rejected = setup.callbacks.rejected.clone();
             let worker = Arc::new(Mutex::new(setup));
             let _ = ready.send(Ok((address, rejected, worker.clone())));
-            Worker::run(&worker, orders, wake_fd);
+            Worker::run(&worker, orders, &thread_wake);
         })
         .map_err(|e| status::resource_exhausted(format!("UCX transport: thread: {e}")))?;
         let (address, rejected, worker) = match started.recv() {
@@ -587,7 +574,7 @@ impl Worker {
         })
     }
 
-    fn run(shared: &Mutex<Worker>, orders: Receiver<Command>, wake: RawFd) {
+    fn run(shared: &Mutex<Worker>, orders: Receiver<Command>, wake: &WakeFd) {
         let callbacks = shared.lock().callbacks.clone();
         CURRENT.with(|current| *current.borrow_mut() = Some(callbacks));
         'serve: loop {
@@ -631,17 +618,14 @@ impl Worker {
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: wake,
+                    fd: wake.raw(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
             ];
             let _ = crate::transport::poll::poll(&mut fds, Some(sleep));
             if fds[1].revents != 0 {
-                let mut count = 0u64;
-                // SAFETY: reading 8 bytes into a live u64 from our eventfd
-                // (nonblocking: at most it fails with EAGAIN).
-                unsafe { libc::read(wake, (&mut count as *mut u64).cast(), 8) };
+                wake.drain();
             }
         }
         shared.lock().shut_down(orders);
