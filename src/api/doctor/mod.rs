@@ -522,6 +522,16 @@ impl Seen {
         )
     }
 
+    /// What to change where it did not answer: UCX's own setting for a UCX
+    /// endpoint, else `advertise` (the address to advertise instead).
+    fn change(&self, advertise: String) -> String {
+        if self.what == "ucx" {
+            UCX_CHANGE.to_string()
+        } else {
+            advertise
+        }
+    }
+
     fn decode(line: &str) -> Option<Seen> {
         let mut f = line.splitn(5, '\t');
         let peer = f.next()?.parse().ok()?;
@@ -702,15 +712,11 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
                             describe_what(&s.what),
                             s.at
                         ),
-                        if s.what == "ucx" {
-                            UCX_CHANGE.to_string()
-                        } else {
-                            format!(
-                                "give process {p} the create option advertise_address=<an \
-                                 address of its host that this host can reach> (under JAX: \
-                                 PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)"
-                            )
-                        },
+                        s.change(format!(
+                            "give process {p} the create option advertise_address=<an \
+                             address of its host that this host can reach> (under JAX: \
+                             PJRT_CROSSHOST_CREATE_OPTIONS=advertise_address=...)"
+                        )),
                     );
                 }
             }
@@ -752,15 +758,11 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
                                 describe_what(&s.what),
                                 s.at
                             ),
-                            if s.what == "ucx" {
-                                UCX_CHANGE.to_string()
-                            } else {
-                                format!(
-                                    "advertise_address=<an address of this host that process \
-                                     {other}'s host can reach>{}",
-                                    advertised_note(session, me)
-                                )
-                            },
+                            s.change(format!(
+                                "advertise_address=<an address of this host that process \
+                                 {other}'s host can reach>{}",
+                                advertised_note(session, me)
+                            )),
                         );
                     }
                 }

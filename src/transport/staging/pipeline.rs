@@ -78,45 +78,20 @@ pub fn receive(
     stop: &Stop,
     patience: Duration,
 ) -> Result<usize> {
-    let mut in_flight = VecDeque::new();
-    let result = receive_chunks(
-        ring,
-        device,
-        offset,
-        len,
-        wire,
-        stop,
-        patience,
-        &mut in_flight,
-    );
-    settle(ring, in_flight);
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-fn receive_chunks(
-    ring: &StagingRing,
-    device: &dyn DeviceCopy,
-    offset: usize,
-    len: usize,
-    wire: &mut Fill<'_>,
-    stop: &Stop,
-    patience: Duration,
-    in_flight: &mut VecDeque<(Slot, Pending)>,
-) -> Result<usize> {
+    let mut in_flight = InFlight::new(ring);
     let chunk = ring.chunk_bytes();
     let mut landed = 0;
     let mut chunks = 0;
     while landed < len {
         stop.check()?;
         let length = chunk.min(len - landed);
-        let mut slot = next_slot(ring, in_flight, stop, patience)?;
+        let mut slot = next_slot(ring, &mut in_flight, stop, patience)?;
         if let Err(e) = wire(&mut slot.bytes_mut()[..length]) {
             ring.give_back(slot);
             return Err(e);
         }
         match device.to_device(&slot, offset + landed, length) {
-            Ok(copy) => in_flight.push_back((slot, copy)),
+            Ok(copy) => in_flight.copies.push_back((slot, copy, length)),
             Err(e) => {
                 ring.give_back(slot);
                 return Err(e);
@@ -125,19 +100,19 @@ fn receive_chunks(
         landed += length;
         chunks += 1;
         // Slots whose copy is done go back at once, in order.
-        while let Some((_, copy)) = in_flight.front_mut() {
+        while let Some((_, copy, _)) = in_flight.copies.front_mut() {
             if !copy.is_done()? {
                 break;
             }
-            if let Some((slot, _)) = in_flight.pop_front() {
+            if let Some((slot, _, _)) = in_flight.copies.pop_front() {
                 ring.give_back(slot);
             }
         }
     }
     // The bytes are in only when every copy completed.
-    while let Some((slot, mut copy)) = in_flight.pop_front() {
+    while let Some((slot, mut copy, length)) = in_flight.copies.pop_front() {
         if let Err(e) = wait(&mut copy, stop, patience) {
-            in_flight.push_front((slot, copy));
+            in_flight.copies.push_front((slot, copy, length));
             return Err(e);
         }
         ring.give_back(slot);
@@ -157,38 +132,7 @@ pub fn send(
     stop: &Stop,
     patience: Duration,
 ) -> Result<usize> {
-    let mut in_flight = VecDeque::new();
-    let result = send_chunks(
-        ring,
-        device,
-        offset,
-        len,
-        wire,
-        stop,
-        patience,
-        &mut in_flight,
-    );
-    settle(
-        ring,
-        in_flight
-            .into_iter()
-            .map(|(slot, copy, _)| (slot, copy))
-            .collect(),
-    );
-    result
-}
-
-#[allow(clippy::too_many_arguments)]
-fn send_chunks(
-    ring: &StagingRing,
-    device: &dyn DeviceCopy,
-    offset: usize,
-    len: usize,
-    wire: &mut Drain<'_>,
-    stop: &Stop,
-    patience: Duration,
-    in_flight: &mut VecDeque<(Slot, Pending, usize)>,
-) -> Result<usize> {
+    let mut in_flight = InFlight::new(ring);
     let chunk = ring.chunk_bytes();
     let mut copied = 0;
     let mut chunks = 0;
@@ -197,7 +141,7 @@ fn send_chunks(
         // one (another transfer holds them all).
         while copied < len {
             stop.check()?;
-            let slot = if in_flight.is_empty() {
+            let slot = if in_flight.copies.is_empty() {
                 ring.take(Instant::now() + patience, stop)?
             } else {
                 match ring.try_take()? {
@@ -207,7 +151,7 @@ fn send_chunks(
             };
             let length = chunk.min(len - copied);
             match device.to_host(offset + copied, &slot, length) {
-                Ok(copy) => in_flight.push_back((slot, copy, length)),
+                Ok(copy) => in_flight.copies.push_back((slot, copy, length)),
                 Err(e) => {
                     ring.give_back(slot);
                     return Err(e);
@@ -215,11 +159,11 @@ fn send_chunks(
             }
             copied += length;
         }
-        let Some((slot, mut copy, length)) = in_flight.pop_front() else {
+        let Some((slot, mut copy, length)) = in_flight.copies.pop_front() else {
             return Ok(chunks);
         };
         if let Err(e) = wait(&mut copy, stop, patience) {
-            in_flight.push_front((slot, copy, length));
+            in_flight.copies.push_front((slot, copy, length));
             return Err(e);
         }
         let sent = wire(&slot.bytes()[..length]);
@@ -229,21 +173,54 @@ fn send_chunks(
     }
 }
 
+/// A pipeline's chunks whose device copy was started and whose slot it has
+/// not given back yet: `(slot, copy, chunk length)`, oldest first. However
+/// the pipeline ends, what is left is settled when this is dropped: slots
+/// whose copy is over go back, the others are parked until it is.
+struct InFlight<'a> {
+    ring: &'a StagingRing,
+    copies: VecDeque<(Slot, Pending, usize)>,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(ring: &'a StagingRing) -> InFlight<'a> {
+        InFlight {
+            ring,
+            copies: VecDeque::new(),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        for (slot, mut copy, _) in self.copies.drain(..) {
+            match copy.is_done() {
+                Ok(false) => self.ring.park(slot, copy),
+                Ok(true) | Err(_) => self.ring.give_back(slot),
+            }
+        }
+    }
+}
+
 /// A slot for the next chunk: a free one, else the oldest in flight once
 /// its copy completed, else one another transfer gives back.
 fn next_slot(
     ring: &StagingRing,
-    in_flight: &mut VecDeque<(Slot, Pending)>,
+    in_flight: &mut InFlight<'_>,
     stop: &Stop,
     patience: Duration,
 ) -> Result<Slot> {
     if let Some(slot) = ring.try_take()? {
         return Ok(slot);
     }
-    match in_flight.front_mut() {
-        Some((_, copy)) => {
+    match in_flight.copies.front_mut() {
+        Some((_, copy, _)) => {
             wait(copy, stop, patience)?;
-            Ok(in_flight.pop_front().expect("looked at just above").0)
+            Ok(in_flight
+                .copies
+                .pop_front()
+                .expect("looked at just above")
+                .0)
         }
         None => ring.take(Instant::now() + patience, stop),
     }
@@ -263,17 +240,6 @@ fn wait(copy: &mut Pending, stop: &Stop, patience: Duration) -> Result<()> {
             return Err(status::deadline_exceeded(format!(
                 "a staged chunk's device copy did not complete within {patience:?}"
             )));
-        }
-    }
-}
-
-/// After a stop: slots whose copy is over go back, the others are parked
-/// until it is.
-fn settle(ring: &StagingRing, in_flight: VecDeque<(Slot, Pending)>) {
-    for (slot, mut copy) in in_flight {
-        match copy.is_done() {
-            Ok(false) => ring.park(slot, copy),
-            Ok(true) | Err(_) => ring.give_back(slot),
         }
     }
 }

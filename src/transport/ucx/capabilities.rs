@@ -13,10 +13,7 @@ use std::os::fd::FromRawFd;
 use libloading::os::unix::{Library as UnixLibrary, RTLD_NOW};
 
 use super::library::LoadedUcx;
-use super::sys::{
-    ucp_config, ucp_context_h, ucp_params_t, ucs_status_t, UCP_FEATURE_AM,
-    UCP_PARAM_FIELD_FEATURES, UCS_OK,
-};
+use super::sys::{ucp_context_h, ucs_status_t, UCP_FEATURE_AM, UCS_OK};
 use crate::status::{failed_precondition, Result};
 
 /// `UCP_ATTR_FIELD_MEMORY_TYPES`.
@@ -116,41 +113,11 @@ pub fn query(loaded: &LoadedUcx) -> Result<Capabilities> {
     let context_query: ContextQuery =
         *unsafe { library.get::<ContextQuery>(b"ucp_context_query\0") }
             .map_err(|e| failed_precondition(format!("UCX at {}: {e}", loaded.path)))?;
-    let (major, minor) = parse_major_minor(&loaded.version);
-    let mut config: *mut ucp_config = std::ptr::null_mut();
-    // SAFETY: null prefix and file (UCX's defaults and environment), an
-    // out-pointer.
-    let status = unsafe { (api.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
-    if status != UCS_OK {
-        return Err(failed_precondition(format!(
-            "UCX: ucp_config_read: {}",
-            api.describe(status)
-        )));
-    }
-    let params = ucp_params_t {
-        field_mask: UCP_PARAM_FIELD_FEATURES,
-        features: UCP_FEATURE_AM,
-        request_size: 0,
-        request_init: None,
-        request_cleanup: None,
-        tag_sender_mask: 0,
-        mt_workers_shared: 0,
-        estimated_num_eps: 0,
-        estimated_num_ppn: 0,
-        name: std::ptr::null(),
-    };
-    let mut context: ucp_context_h = std::ptr::null_mut();
-    // SAFETY: the params name only `features`; config from config_read;
-    // an out-pointer.
-    let status = unsafe { (api.init_version)(major, minor, &params, config, &mut context) };
-    // SAFETY: the config from config_read, released once.
-    unsafe { (api.config_release)(config) };
-    if status != UCS_OK {
-        return Err(failed_precondition(format!(
-            "UCX: ucp_init: {}",
-            api.describe(status)
-        )));
-    }
+    let context = api
+        .init_context(parse_major_minor(&loaded.version), UCP_FEATURE_AM, None)
+        .map_err(|(call, status)| {
+            failed_precondition(format!("UCX: {call}: {}", api.describe(status)))
+        })?;
     let printed = print_to_string(|file| {
         // SAFETY: a live context and an open stream.
         unsafe { print_info(context, file) }

@@ -718,6 +718,21 @@ mod tests {
         }
     }
 
+    /// What `choose` makes of `candidates` for `needs`, which must be to try
+    /// them in `order`.
+    #[track_caller]
+    fn chosen(candidates: &[Candidate], needs: &Needs, order: &[usize]) -> Choice {
+        let choice = choose(candidates, needs).unwrap();
+        assert_eq!(choice.order, order);
+        choice
+    }
+
+    /// `choice.why` says `words` (all of it is shown where it does not).
+    #[track_caller]
+    fn says(choice: &Choice, words: &str) {
+        assert!(choice.why.contains(words), "{}", choice.why);
+    }
+
     /// The wheel as pip ships it (CUDA, no verbs) and an HPC system UCX
     /// (verbs, no CUDA).
     fn wheel_and_system() -> Vec<Candidate> {
@@ -729,47 +744,24 @@ mod tests {
 
     #[test]
     fn verbs_win_where_the_host_has_rdma_devices() {
-        let choice = choose(&wheel_and_system(), &needs(&["mlx5_0"], false)).unwrap();
-        assert_eq!(choice.order, vec![1, 0]);
+        let choice = chosen(&wheel_and_system(), &needs(&["mlx5_0"], false), &[1, 0]);
         assert!(
             choice.why.starts_with("the system's libucp.so.0"),
             "{}",
             choice.why
         );
-        assert!(
-            choice.why.contains("verbs transports (rc, ud, dc)"),
-            "{}",
-            choice.why
-        );
-        assert!(choice.why.contains("mlx5_0"), "{}", choice.why);
-        assert!(
-            choice.why.contains("the libucx wheel's libucp"),
-            "{}",
-            choice.why
-        );
+        says(&choice, "verbs transports (rc, ud, dc)");
+        says(&choice, "mlx5_0");
+        says(&choice, "the libucx wheel's libucp");
         // Even for a client with CUDA devices: RDMA to other hosts first.
-        assert_eq!(
-            choose(&wheel_and_system(), &needs(&["mlx5_0"], true))
-                .unwrap()
-                .order,
-            vec![1, 0]
-        );
+        chosen(&wheel_and_system(), &needs(&["mlx5_0"], true), &[1, 0]);
     }
 
     #[test]
     fn without_rdma_devices_a_verbs_module_counts_for_nothing() {
-        let choice = choose(&wheel_and_system(), &needs(&[], false)).unwrap();
-        assert_eq!(choice.order, vec![0, 1]);
-        assert!(
-            choice.why.contains("first in the default order"),
-            "{}",
-            choice.why
-        );
-        assert!(
-            choice.why.contains("no RDMA device on this host"),
-            "{}",
-            choice.why
-        );
+        let choice = chosen(&wheel_and_system(), &needs(&[], false), &[0, 1]);
+        says(&choice, "first in the default order");
+        says(&choice, "no RDMA device on this host");
     }
 
     #[test]
@@ -778,26 +770,17 @@ mod tests {
             candidate(Source::Wheel, (1, 22, 0), false, false),
             candidate(Source::System, (1, 16, 0), false, true),
         ];
-        let choice = choose(&system_first, &needs(&[], true)).unwrap();
-        assert_eq!(choice.order, vec![1, 0]);
-        assert!(
-            choice.why.contains("CUDA transports (cuda_copy, cuda_ipc)"),
-            "{}",
-            choice.why
-        );
+        let choice = chosen(&system_first, &needs(&[], true), &[1, 0]);
+        says(&choice, "CUDA transports (cuda_copy, cuda_ipc)");
         // A client without CUDA devices keeps the default order.
-        assert_eq!(
-            choose(&system_first, &needs(&[], false)).unwrap().order,
-            vec![0, 1]
-        );
+        chosen(&system_first, &needs(&[], false), &[0, 1]);
         // Both with verbs on an RDMA host: CUDA decides between them.
         let both_verbs = vec![
             candidate(Source::Wheel, (1, 22, 0), true, false),
             candidate(Source::System, (1, 16, 0), true, true),
         ];
-        let choice = choose(&both_verbs, &needs(&["mlx5_0"], true)).unwrap();
-        assert_eq!(choice.order, vec![1, 0]);
-        assert!(choice.why.contains("CUDA transports"), "{}", choice.why);
+        let choice = chosen(&both_verbs, &needs(&["mlx5_0"], true), &[1, 0]);
+        says(&choice, "CUDA transports");
     }
 
     #[test]
@@ -806,16 +789,9 @@ mod tests {
             candidate(Source::Wheel, (1, 22, 0), false, true),
             candidate(Source::System, (1, 13, 1), true, true),
         ];
-        let choice = choose(&old_system, &needs(&["mlx5_0"], true)).unwrap();
-        assert_eq!(choice.order, vec![0]);
-        assert!(choice.why.contains("the only usable one"), "{}", choice.why);
-        assert!(
-            choice
-                .why
-                .contains("UCX 1.13.1) is older than UCX 1.14, not used"),
-            "{}",
-            choice.why
-        );
+        let choice = chosen(&old_system, &needs(&["mlx5_0"], true), &[0]);
+        says(&choice, "the only usable one");
+        says(&choice, "UCX 1.13.1) is older than UCX 1.14, not used");
         let only_old = vec![candidate(Source::System, (1, 13, 1), true, false)];
         let none = choose(&only_old, &needs(&[], false)).unwrap_err();
         assert!(
@@ -832,10 +808,9 @@ mod tests {
     fn a_version_that_could_not_be_read_keeps_the_default_order() {
         let mut unread = wheel_and_system();
         unread[1].version = Err("cannot allocate memory in static TLS block".into());
-        let choice = choose(&unread, &needs(&["mlx5_0"], false)).unwrap();
-        assert_eq!(choice.order, vec![0, 1]);
-        assert!(choice.why.contains("could not be read"), "{}", choice.why);
-        assert!(choice.why.contains("static TLS"), "{}", choice.why);
+        let choice = chosen(&unread, &needs(&["mlx5_0"], false), &[0, 1]);
+        says(&choice, "could not be read");
+        says(&choice, "static TLS");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! for every later UCX (the `libucx` wheel ships 1.18 and newer).
 //! `tests/ucx_layout.rs` compiles a C program against the system header,
 //! where it is installed, and compares every size and offset here with it.
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use libloading::Library;
 
@@ -335,6 +335,52 @@ impl UcpApi {
             status_string: get!("ucs_status_string"),
             _library: library,
         })
+    }
+
+    /// A UCP context for `features`, named `name` where given, with UCX's
+    /// defaults and environment (`ucp_config_read`) and the API version
+    /// `major.minor` asked of `ucp_init`. The error is the call that failed
+    /// (`ucp_config_read`, `ucp_init`) and its status.
+    pub fn init_context(
+        &self,
+        (major, minor): (c_uint, c_uint),
+        features: u64,
+        name: Option<&CStr>,
+    ) -> std::result::Result<ucp_context_h, (&'static str, ucs_status_t)> {
+        let mut config: *mut ucp_config = std::ptr::null_mut();
+        // SAFETY: null prefix and file mean UCX's defaults and environment;
+        // `config` is a valid out-pointer.
+        let status = unsafe { (self.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
+        if status != UCS_OK {
+            return Err(("ucp_config_read", status));
+        }
+        let params = ucp_params_t {
+            field_mask: UCP_PARAM_FIELD_FEATURES
+                | if name.is_some() {
+                    UCP_PARAM_FIELD_NAME
+                } else {
+                    0
+                },
+            features,
+            request_size: 0,
+            request_init: None,
+            request_cleanup: None,
+            tag_sender_mask: 0,
+            mt_workers_shared: 0,
+            estimated_num_eps: 0,
+            estimated_num_ppn: 0,
+            name: name.map_or(std::ptr::null(), CStr::as_ptr),
+        };
+        let mut context: ucp_context_h = std::ptr::null_mut();
+        // SAFETY: params (whose name, if any, outlives the call) and config
+        // are valid for the call; an out-pointer.
+        let status = unsafe { (self.init_version)(major, minor, &params, config, &mut context) };
+        // SAFETY: the config from config_read, no longer needed, released once.
+        unsafe { (self.config_release)(config) };
+        if status != UCS_OK {
+            return Err(("ucp_init", status));
+        }
+        Ok(context)
     }
 
     /// UCX's name for a status.

@@ -443,34 +443,14 @@ impl Worker {
         held: Arc<AtomicUsize>,
     ) -> Result<Worker> {
         let name = CString::new("pjrt-crosshost").expect("no NUL");
-        let mut config: *mut ucp_config = std::ptr::null_mut();
-        // SAFETY: null prefix and file mean UCX's defaults and environment;
-        // `config` is a valid out-pointer.
-        let status = unsafe { (api.config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
-        if status != UCS_OK {
-            return Err(ucx_error(&api, "ucp_config_read", status));
-        }
-        let params = ucp_params_t {
-            field_mask: UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-            features: UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-            request_size: 0,
-            request_init: None,
-            request_cleanup: None,
-            tag_sender_mask: 0,
-            mt_workers_shared: 0,
-            estimated_num_eps: 0,
-            estimated_num_ppn: 0,
-            name: name.as_ptr(),
-        };
-        let mut context: ucp_context_h = std::ptr::null_mut();
-        // SAFETY: params and config are valid for the call; API 1.13 is the
-        // oldest we load, later libraries accept it.
-        let status = unsafe { (api.init_version)(1, 13, &params, config, &mut context) };
-        // SAFETY: the config is ours and no longer needed.
-        unsafe { (api.config_release)(config) };
-        if status != UCS_OK {
-            return Err(ucx_error(&api, "ucp_init", status));
-        }
+        // API 1.13 is the oldest we load, later libraries accept it.
+        let context = api
+            .init_context(
+                (1, 13),
+                UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                Some(name.as_c_str()),
+            )
+            .map_err(|(call, status)| ucx_error(&api, call, status))?;
         let worker_params = ucp_worker_params_t {
             field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE
                 | UCP_WORKER_PARAM_FIELD_EVENTS
