@@ -8,13 +8,16 @@
 #   make bench-scale  one process on each host of an N-host bed (root;
 #               scripts/n-hosts.sh), N = 2..64 (SCALE_MAX=16 stops earlier):
 #               creation, fds, threads, RSS, TCP connections, etcd's CPU
+#   make bench-soak  memory after load: 6 processes, one per host of an N-host
+#               bed (root), all to all for 180 s; anonymous RSS after
+#               malloc_trim over time, and the same harness without the plugin
 #   make fuzz       1,000,000 executions of every fuzz target
 #   make sanitize   the Rust tests under ASan/LSan (nightly)
 PYTHON ?= python3
 LIB := $(CURDIR)/target/release/libpjrt_crosshost.so
 SCALE_MAX ?= 64
 
-.PHONY: setup build test demo lint bench-jax bench-hosts bench-scale fuzz sanitize
+.PHONY: setup build test demo lint bench-jax bench-hosts bench-scale bench-soak fuzz sanitize
 
 setup:
 	scripts/setup.sh
@@ -41,6 +44,9 @@ bench-hosts: setup build
 
 bench-scale: setup build
 	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/scale.py --max $(SCALE_MAX)
+
+bench-soak: setup build
+	PJRT_CROSSHOST_LIB=$(LIB) $(PYTHON) bench/soak.py --n-hosts
 
 fuzz: setup
 	FUZZ_RUNS=1000000 FUZZ_GROW_CORPUS=1 scripts/fuzz-short.sh

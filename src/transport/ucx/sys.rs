@@ -137,6 +137,7 @@ pub const UCS_MEMORY_TYPE_HOST: c_int = 0;
 
 // ucp_am_send_nbx flags
 pub const UCP_AM_SEND_FLAG_REPLY: u32 = 1 << 0;
+pub const UCP_AM_SEND_FLAG_RNDV: u32 = 1 << 2;
 
 pub type ucp_send_nbx_callback_t = unsafe extern "C" fn(*mut c_void, ucs_status_t, *mut c_void);
 pub type ucp_am_recv_data_nbx_callback_t =

@@ -48,6 +48,18 @@ const IDLE_WAKE: Duration = Duration::from_millis(200);
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Bound on closing the endpoints at shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Parts of at least this go by rendezvous, straight into the destination.
+/// Over TCP, UCX sends a message of up to ~24 MiB eagerly, in receive
+/// segments (512 KiB, `library.rs`), and the receiver assembles one longer
+/// than a segment in a `malloc` of its whole size on the progress thread
+/// before our callback copies it out (heaptrack: `ucp_am_long_first_handler`).
+/// Those blocks came from the progress threads' glibc arenas, whose free tops
+/// `malloc_trim` does not give back: on the N-host bed each process held
+/// 8-18 MiB of anonymous memory above its live heap after 10 s of all to all
+/// and 1-12 MiB more after 3 minutes (bench/soak.py). A rendezvous lands the
+/// bytes in the destination with no such block; a part that fits one segment
+/// still goes eagerly.
+const RENDEZVOUS_FROM: usize = super::transfer::STRIPE_MIN;
 
 /// One part of a buffer for one worker to send (the whole buffer unless it
 /// is striped over several workers).
@@ -895,6 +907,9 @@ impl Worker {
         // The receiver answers a refusal over this very connection: it never
         // dials a sender it does not know to be real.
         param.flags = UCP_AM_SEND_FLAG_REPLY;
+        if op.len >= RENDEZVOUS_FROM {
+            param.flags |= UCP_AM_SEND_FLAG_RNDV;
+        }
         // SAFETY: the header lives in the op and the bytes in its transfer,
         // both kept until UCX reports the request complete; the part's range
         // lies inside the payload (`UcxTransport::send` cut it); the ep is
