@@ -25,20 +25,14 @@ sys.path.insert(0, HERE)
 
 import pjrt_ctypes as pc  # noqa: E402
 import transfer_helpers as th  # noqa: E402
-from kv_server import KvClient  # noqa: E402
-from peer_process import Channel, client_options  # noqa: E402
+from peer_process import client_options, worker_setup  # noqa: E402
 
 KILL_SPEC = th.spec(pc.BufferType.U8, 4 << 20)  # 4 MiB: a copy worth interrupting
 KILL_SEED = 77
 
 
 def main(cfg: dict) -> int:
-    kv = KvClient(cfg["kv"])
-    ch = Channel(kv, cfg["session"])
-    api = pc.Api(cfg["lib"])
-    api.initialize()
-    xh = th.Transfers(api)
-    callbacks = th.PjrtKvCallbacks(kv)
+    kv, ch, api, xh, callbacks = worker_setup(cfg)
     client = callbacks.create_client(
         api, client_options(1, 2, cfg["session"], cfg.get("options"))
     )

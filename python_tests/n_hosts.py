@@ -15,7 +15,7 @@ eth0 on the bed's bridge), pid, IPC, UTS (hostname) and mount namespace with
 a private /dev/shm, its own boot id, and an /etc/hosts naming every host.
 Every neighbour entry is pinned, so no ARP is needed on the bed.
 
-Cleanup is the two-host bed's (two_hosts.py): ``close()`` kills every
+Cleanup is the two-host bed's (bed_common.py): ``close()`` kills every
 process group it started, then deletes the bed; a watchdog deletes it when
 the creator dies without that; beds are named ``xhnet<creator pid>-<suffix>``
 and ``n-hosts.sh reap`` (run before each new bed) removes any whose creator
@@ -24,69 +24,26 @@ is gone.
 
 from __future__ import annotations
 
-import atexit
-import itertools
 import os
-import random
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import Sequence
 
-from two_hosts import kill_group, read_line, without_ucx  # noqa: F401 - re-exported
+from bed_common import (  # noqa: F401 - re-exported
+    HERE, REPO, Bed, BedScript, BedUnavailable, kill_group, read_line, without_ucx,
+)
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 SCRIPT = REPO / "scripts" / "n-hosts.sh"
 STATE_ROOT = Path(os.environ.get("XH_NBED_STATE_ROOT", "/tmp/pjrt-crosshost-nbeds"))
 NET = "10.78.0"
 STORE = "store"
 SCRIPT_TIMEOUT_S = 180.0
 
-_counter = itertools.count()
-_live: set["NHostBed"] = set()
-_live_lock = threading.Lock()
-_check_result: str | None | bool = False  # False: not checked yet
-
-
-class BedUnavailable(RuntimeError):
-    """The bed cannot be made on this machine; ``reason`` says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _script(*args: str, timeout: float = SCRIPT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def unavailable_reason() -> str | None:
-    """Why no bed can be made here (one line), or None when one can. Cached."""
-    global _check_result
-    if _check_result is False:
-        try:
-            r = _script("check")
-            if r.returncode == 0:
-                _check_result = None
-            else:
-                lines = (r.stderr or r.stdout).strip().splitlines()
-                _check_result = lines[-1] if lines else f"n-hosts.sh check exited {r.returncode}"
-        except (OSError, subprocess.TimeoutExpired) as e:
-            _check_result = f"n-hosts.sh check failed: {type(e).__name__}: {e}"
-    return _check_result  # type: ignore[return-value]
-
-
-def reap() -> str:
-    """Removes the beds of ours whose creator is gone; returns what it said."""
-    r = _script("reap")
-    return r.stdout + r.stderr
+_script = BedScript(SCRIPT, SCRIPT_TIMEOUT_S)
+unavailable_reason = _script.unavailable_reason
+reap = _script.reap
 
 
 def bed_parts(name: str) -> list[str]:
@@ -98,89 +55,28 @@ def bed_parts(name: str) -> list[str]:
     return sorted(parts)
 
 
-class NHostBed:
+class NHostBed(Bed):
     """One bed of ``count`` hosts (0..count-1) and, with ``store``, the
     store host. Use as a context manager (or call ``up()`` and ``close()``)."""
+
+    script = _script
+    prefix = "xhnet"
 
     def __init__(self, count: int, store: bool = False, name: str | None = None):
         self.count = count
         self.store = store
-        self.name = name or f"xhnet{os.getpid()}-{next(_counter)}{secrets.token_hex(2)}"
-        self._procs: list[subprocess.Popen] = []
-        self._lock = threading.Lock()
-        self._watchdog: subprocess.Popen | None = None
-        self._up = False
-        self._closed = False
-        self._ports = itertools.count(random.randrange(20000, 30000, 100))
-
-    @property
-    def is_up(self) -> bool:
-        return self._up and not self._closed
+        super().__init__(name)
 
     @property
     def hosts(self) -> list[int]:
         """The job hosts, 0..count-1 (the store host apart)."""
         return list(range(self.count))
 
-    # -- lifecycle ---------------------------------------------------------
+    def _up_args(self) -> list[str]:
+        return [str(self.count), *([STORE] if self.store else [])]
 
-    def up(self) -> "NHostBed":
-        reason = unavailable_reason()
-        if reason is not None:
-            raise BedUnavailable(reason)
-        reap()
-        with _live_lock:
-            _live.add(self)
-        # The watchdog first: if this process dies from here on, the bed (or
-        # what `up` made of it so far) is deleted.
-        self._watchdog = subprocess.Popen(
-            ["/bin/sh", "-c", 'read _ignored || true; exec "$0" down "$1"', str(SCRIPT), self.name],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            r = _script("up", self.name, str(self.count), *([STORE] if self.store else []))
-        except BaseException:
-            self.close()
-            raise
-        if r.returncode != 0:
-            self.close()
-            raise RuntimeError(f"n-hosts.sh up {self.name} failed: {r.stderr.strip()}")
-        self._up = True
-        return self
-
-    def close(self) -> None:
-        """Kills every process started on the bed (its process group), then
-        deletes the bed. Idempotent; raises if the bed could not be deleted."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            procs, self._procs = self._procs, []
-        try:
-            for proc in procs:
-                kill_group(proc)
-            watchdog, self._watchdog = self._watchdog, None
-            done = False
-            if watchdog is not None:
-                try:
-                    watchdog.stdin.close()
-                    done = watchdog.wait(timeout=SCRIPT_TIMEOUT_S) == 0
-                except (OSError, subprocess.TimeoutExpired):
-                    kill_group(watchdog)
-            if not done or bed_parts(self.name):
-                r = _script("down", self.name)
-                if r.returncode != 0:
-                    raise RuntimeError(f"n-hosts.sh down {self.name} failed: {r.stderr.strip()}")
-        finally:
-            with _live_lock:
-                _live.discard(self)
-
-    def __enter__(self) -> "NHostBed":
-        return self.up()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _leftovers(self) -> bool:
+        return bool(bed_parts(self.name))
 
     # -- hosts -------------------------------------------------------------
 
@@ -209,40 +105,6 @@ class NHostBed:
         """(namespace, interface) of the host's port on the bed's bridge."""
         h = self._host(host)
         return f"{self.name}-sw", "ps" if h == STORE else f"p{h}"
-
-    def port(self) -> int:
-        """A TCP port for a server on the bed (each call another; below the
-        ephemeral range)."""
-        return next(self._ports)
-
-    def argv(self, host, argv: Sequence) -> list[str]:
-        """The command line that runs ``argv`` on ``host``."""
-        return [str(SCRIPT), "run", self.name, self._host(host), *map(str, argv)]
-
-    def popen(self, host, argv: Sequence, env: dict | None = None, **popen_kwargs) -> subprocess.Popen:
-        """Starts ``argv`` on ``host`` in a process group of its own (killed,
-        group and all, at ``close()``); the other arguments are Popen's."""
-        popen_kwargs.pop("start_new_session", None)
-        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-        with self._lock:
-            if not self._up or self._closed:
-                raise RuntimeError(f"bed {self.name} is not up")
-            proc = subprocess.Popen(
-                self.argv(host, argv), env=env, start_new_session=True, **popen_kwargs
-            )
-            self._procs.append(proc)
-        return proc
-
-    def run(self, host, argv: Sequence, *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
-        """Runs ``argv`` on ``host`` to its end, output captured (text); a run
-        still going at ``timeout`` is killed and TimeoutExpired raised."""
-        proc = self.popen(host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            raise
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     # -- faults ------------------------------------------------------------
 
@@ -361,14 +223,3 @@ class BedEtcd:
         kill_group(proc)
         if self.bed.is_up:
             self.bed.run(STORE, ["rm", "-rf", self.data], timeout=30)
-
-
-@atexit.register
-def _close_all() -> None:
-    with _live_lock:
-        beds = list(_live)
-    for bed in beds:
-        try:
-            bed.close()
-        except Exception:  # noqa: BLE001 - the watchdog and reap remain
-            pass

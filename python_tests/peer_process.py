@@ -84,6 +84,19 @@ class Channel:
         return [self.get(f"{name}/{i}", timeout) for i in range(n)]
 
 
+def worker_setup(cfg: dict, **callbacks_kwargs):
+    """What a worker process starts from: (kv, ch, api, xh, callbacks) -- a
+    client of the job's KV server (``cfg["kv"]``), the test's channel on it
+    (``cfg["session"]``), the plugin at ``cfg["lib"]`` initialized, its
+    transfer calls, and PJRT KV callbacks on that server (``callbacks_kwargs``
+    are theirs)."""
+    kv = KvClient(cfg["kv"])
+    ch = Channel(kv, cfg["session"])
+    api = pc.Api(cfg["lib"])
+    api.initialize()
+    return kv, ch, api, th.Transfers(api), th.PjrtKvCallbacks(kv, **callbacks_kwargs)
+
+
 def client_options(node, nodes, session, extra):
     o = {"num_devices": 2, "node_id": node, "num_nodes": nodes, "session": session,
          "session_timeout_ms": 20000}

@@ -37,7 +37,6 @@ import time
 
 import pytest
 
-import two_hosts as bed_module
 from test_transfers_two_hosts import BedJob
 
 DEADLINE_MS = 4000
@@ -61,13 +60,7 @@ class Rounds:
         self.k = 0
 
     def line(self, proc, timeout) -> dict:
-        while True:
-            text = bed_module.read_line(proc, timeout)
-            if not text:
-                log = proc.log.read_text(errors="replace")[-3000:]
-                raise AssertionError(f"a worker ended (rc {proc.poll()}):\n{log}")
-            if text.startswith("{"):
-                return json.loads(text)
+        return self.job.line(proc, timeout)
 
     def order(self, length):
         """Starts the next transfer of ``length`` bytes on both sides."""

@@ -15,23 +15,12 @@ from __future__ import annotations
 import json
 import subprocess
 
-import two_hosts as bed_module
 from test_transfers_two_hosts import BedJob
 
 CHUNK = 1 << 20
 DEPTH = 3
 SIZES = [1, 4097, 300_000, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5, 9 * CHUNK + 4095]
 ROUNDS = 40
-
-
-def line(proc, timeout):
-    while True:
-        text = bed_module.read_line(proc, timeout)
-        if not text:
-            log = proc.log.read_text(errors="replace")[-3000:]
-            raise AssertionError(f"a worker ended (rc {proc.poll()}):\n{log}")
-        if text.startswith("{"):
-            return json.loads(text)
 
 
 def test_mixed_size_staged_transfers_over_the_tcp_fallback(two_hosts, tmp_path):
@@ -41,14 +30,14 @@ def test_mixed_size_staged_transfers_over_the_tcp_fallback(two_hosts, tmp_path):
     receiver = job.start(1, "rounds", stdin=subprocess.PIPE)
     sender = job.start(0, "rounds", stdin=subprocess.PIPE)
     for proc in (receiver, sender):
-        assert "ready" in line(proc, 60), "a worker did not start"
+        assert "ready" in job.line(proc, 60), "a worker did not start"
     for k in range(1, ROUNDS + 1):
         length = SIZES[(k * 5) % len(SIZES)]
         order = (json.dumps({"round": k, "len": length}) + "\n").encode()
         for proc in (receiver, sender):
             proc.stdin.write(order)
             proc.stdin.flush()
-        received, sent = line(receiver, 60), line(sender, 60)
+        received, sent = job.line(receiver, 60), job.line(sender, 60)
         assert sent["outcome"] == "OK", (length, sent)
         assert received["outcome"] == "OK" and received["same"] is True, (length, received)
     for proc in (receiver, sender):

@@ -81,6 +81,18 @@ class BedJob:
         proc.log = log
         return proc
 
+    @staticmethod
+    def line(proc, timeout) -> dict:
+        """The next JSON line of a worker playing "rounds" (other lines
+        passed over); fails with the worker's log when it ended instead."""
+        while True:
+            text = two_hosts.read_line(proc, timeout)
+            if not text:
+                log = proc.log.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"a worker ended (rc {proc.poll()}):\n{log}")
+            if text.startswith("{"):
+                return json.loads(text)
+
     def result(self, proc, timeout=120):
         """The worker's result line (it prints one, then may wait for its peer)."""
         deadline = time.monotonic() + timeout

@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 import pjrt_ctypes as pc  # noqa: E402
 import transfer_helpers as th  # noqa: E402
-from kv_server import KvClient, KvServer  # noqa: E402
-from peer_process import Channel, client_options  # noqa: E402
+from kv_server import KvServer  # noqa: E402
+from peer_process import client_options, worker_setup  # noqa: E402
 
 BT = pc.BufferType
 SEED = 4242
@@ -178,12 +178,7 @@ def run(cfg: dict) -> int:
     result: dict = {"node": cfg["node"]}
     client = None
     try:
-        kv = KvClient(tuple(cfg["kv"]))
-        ch = Channel(kv, cfg["session"])
-        api = pc.Api(cfg["lib"])
-        api.initialize()
-        xh = th.Transfers(api)
-        callbacks = th.PjrtKvCallbacks(kv)
+        kv, ch, api, xh, callbacks = worker_setup(cfg)
         options = client_options(cfg["node"], 2, cfg["session"], cfg.get("options"))
         try:
             client = callbacks.create_client(api, options)
