@@ -203,7 +203,13 @@ impl TcpSender {
 }
 
 fn connect(endpoint: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
-    let stream = TcpStream::connect_timeout(&endpoint, deadline.remaining()?)
+    let left = deadline.remaining().map_err(|_| {
+        status::deadline_exceeded(format!(
+            "TCP transfer to {endpoint}: the send's deadline passed before a connection could \
+             be tried (it waited for its descriptor and for the sends queued before it)"
+        ))
+    })?;
+    let stream = TcpStream::connect_timeout(&endpoint, left)
         .map_err(|error| connection_status(endpoint, "connect", &error, deadline))?;
     stream
         .set_nodelay(true)
@@ -338,9 +344,13 @@ impl Deadline {
     }
 
     fn exceeded(&self) -> Status {
+        // `timeout` is what was left of the send's own time when the
+        // transfer began.
+        let left = Duration::from_millis(self.timeout.as_millis() as u64);
         status::deadline_exceeded(format!(
-            "TCP transfer to {} did not complete within {:?}",
-            self.endpoint, self.timeout
+            "TCP transfer to {} did not complete by the send's deadline ({left:?} were left when \
+             it began)",
+            self.endpoint
         ))
     }
 }
@@ -398,6 +408,16 @@ fn connection_status(
     error: &io::Error,
     deadline: &Deadline,
 ) -> Status {
+    if is_timeout(error) && what == "connect" {
+        // The deadline came first, but the cause is likely the address.
+        return status::deadline_exceeded(format!(
+            "{}: no connection to it was made in the time left; if this host cannot reach {}, \
+             give the receiving process the create option advertise_address=<an address of its \
+             host that this host can reach>",
+            deadline.exceeded().message,
+            endpoint.ip()
+        ));
+    }
     if is_timeout(error) {
         return deadline.exceeded();
     }

@@ -1009,9 +1009,12 @@ impl Worker {
             };
             op.answered = true;
             let peer = op.peer;
+            // `timeout` is what was left of the send's own time when the
+            // transfer began.
+            let left = Duration::from_millis(op.timeout.as_millis() as u64);
             let error = status::deadline_exceeded(format!(
-                "UCX transfer to process {peer} did not complete within {:?}",
-                op.timeout
+                "UCX transfer to process {peer} did not complete by the send's deadline ({left:?} \
+                 were left when it began)"
             ));
             op.transfer.fail(error);
             let stuck = !op.ucx_done;
