@@ -13,8 +13,6 @@ a timeout. Skipped only when JAX cannot be imported.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -91,27 +89,12 @@ def test_crosshost_default_beside_cpu_for_compute():
     run_scenario("crosshost_beside_cpu", env=child_env({"JAX_PLATFORMS": "crosshost,cpu"}))
 
 
-def _pip_install_target(src, target) -> None:
-    base = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
-    attempts = [base + [str(src)], base + ["--no-build-isolation", str(src)]]
-    outputs = []
-    for cmd in attempts:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if p.returncode == 0:
-            return
-        outputs.append(f"$ {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
-    pytest.fail("pip could not install the package:\n" + "\n".join(outputs))
-
-
 def test_installed_package_needs_no_environment(tmp_path):
-    # What scripts/install-python-plugin.sh does, into a private target
-    # directory instead of site-packages.
-    src = tmp_path / "python"
-    shutil.copytree(PACKAGE_DIR, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so"))
-    shutil.copy2(library_path(), src / "jax_plugins" / "crosshost" / "libpjrt_crosshost.so")
+    # What the wheel installs (python_tests/test_wheel.py builds and installs
+    # the real one), laid out on a private path with the library under test.
     site = tmp_path / "site"
-    _pip_install_target(src, site)
-    assert (site / "jax_plugins" / "crosshost" / "libpjrt_crosshost.so").is_file()
+    shutil.copytree(PACKAGE_DIR / "jax_plugins", site / "jax_plugins", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy2(library_path(), site / "jax_plugins" / "crosshost" / "libpjrt_crosshost.so")
     env = child_env(use_repo_package=False)
     del env["JAX_PLATFORMS"]
     # No compute plugin variable either: the package's default applies (the

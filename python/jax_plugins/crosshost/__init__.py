@@ -301,8 +301,8 @@ def initialize(
         if not path.is_file():
             raise FileNotFoundError(
                 f"pjrt-crosshost: plugin library {path} not found. Install the package "
-                "with scripts/install-python-plugin.sh (it copies "
-                f"target/release/{LIBRARY_NAME} into the package), or set {LIBRARY_ENV}."
+                "with its library (`pip install .` at the repository root builds it), "
+                f"or set {LIBRARY_ENV}."
             )
         if options is None:
             options = parse_options(os.environ.get(OPTIONS_ENV, ""))
