@@ -6,7 +6,8 @@ and the `jax_plugins` entry point. The wheel is installed with its extras
 with JAX 0.10.2, Python 3.12 with JAX 0.12.0.1), and JAX finds the plugin
 there with nothing else set: an array goes to a crosshost device, to the
 other one and back, every byte checked, and the compute plugin the [cpu]
-extra brings runs jit and grad on it.
+extra brings runs jit and grad on it; the README's single-process example,
+run as it stands, prints what its comments say.
 
 The wheel is built once per session, with cargo's target directory the
 repository's target/ (CARGO_TARGET_DIR, unless set): after `make build` cargo
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -123,6 +125,16 @@ print(json.dumps({
 """
 
 
+def readme_single_process() -> tuple[str, list[str]]:
+    """The README's single-process example and what its comments say each
+    print prints ("..." for anything)."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("\n## Single process\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    expected = [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "#" in line]
+    assert expected, code
+    return code, expected
+
+
 @pytest.mark.parametrize("python, jax_version", INTERPRETERS)
 def test_installed_wheel_moves_an_array_through_jax(wheel, python, jax_version, tmp_path):
     if not Path(python).is_file():
@@ -156,3 +168,11 @@ def test_installed_wheel_moves_an_array_through_jax(wheel, python, jax_version, 
     assert report["devices"] == ["crosshost", "crosshost"] and report["on_d1"], report
     assert report["bytes_equal"], report
     assert report["jit_shape"] == [3, 3] and report["grad"] == 2.0, report
+
+    # The README's first example, word for word, prints what it says.
+    code, expected = readme_single_process()
+    (work / "single.py").write_text(code)
+    printed = _run([str(vpy), "single.py"], timeout=300, env=env, cwd=work).stdout.strip().splitlines()
+    assert len(printed) == len(expected), (printed, expected)
+    for got, want in zip(printed, expected):
+        assert re.fullmatch(".*".join(map(re.escape, want.split("..."))), got), (got, want)
