@@ -1,7 +1,8 @@
 # pjrt-crosshost — the commands a person (and CI) runs. See README.md.
 #   make demo   the main job: build the plugin and run the benchmark
 #   make test   every test (scripts/test.sh): cargo tests, python_tests on both
-#               backends, the JAX tests on JAX 0.10.2 and 0.12, fuzz corpus
+#               backends, the JAX tests on JAX 0.10.2 and 0.12, the wheel
+#               (pip install .) in fresh venvs of both, fuzz corpus
 #   make bench-jax  the JAX-level benchmark (crosshost vs JAX's own path)
 #   make bench-hosts  the same across two hosts of a two-host bed (root;
 #               scripts/two-hosts.sh), with a raw TCP stream for scale

@@ -2,7 +2,8 @@
 # Every test (`make test` runs this after setup and the release build):
 #   1. cargo tests (incl. the C host program and the forwarding-table mock);
 #   2. python_tests with the system Python (JAX 0.10.2), embedded backend and
-#      delegated JAX scenarios;
+#      delegated JAX scenarios; test_wheel.py builds the wheel (pip wheel .,
+#      reusing target/) and runs JAX from it in venvs of both Pythons;
 #   3. the transfer and lifecycle tests again, delegating to the default
 #      compute plugin (XLA's CPU plugin), so both backends run them;
 #   4. the JAX tests with Python 3.12 and JAX 0.12.0.1, when setup found one;
