@@ -504,7 +504,7 @@ def test_stale_or_foreign_receipts_never_complete_a_buffer(xh, job_factory, serv
     (buf,) = xh.receive(c, d0, [s], [p0], [1])
     epoch = server.keys(f"crosshost/session/{job.session}/epoch")
     assert epoch, server.keys("crosshost/")
-    # The record is "<epoch> <control-link secret>"; keys carry the epoch.
+    # The record is "<epoch> <control-link secret> <written ms>"; keys carry the epoch.
     epoch = job.kv.try_get(epoch[0]).decode().split()[0]
     pair = f"{epoch}.d{p0}-{d0.id()}"
     key = f"crosshost/recv/{pair}/1/0"

@@ -1,4 +1,4 @@
-//! The epoch record `<epoch> <secret-hex>` as `Session::establish` parses it.
+//! The epoch record `<epoch> <secret-hex> <written ms>` as a joining process parses it.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 

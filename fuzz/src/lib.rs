@@ -8,17 +8,15 @@
 //! checks live here rather than in the targets so that `cargo test` can
 //! replay the committed corpus through them without libFuzzer.
 use std::io;
-use std::time::Duration;
 
-use pjrt_crosshost::kv::{KeyValueStore, MemoryStore};
 use pjrt_crosshost::status::Code;
 use pjrt_crosshost::transfer::descriptor::{crc32, Descriptor, TransportKind};
 use pjrt_crosshost::transfer::keys::{descriptor_key, reader_of, validate_epoch, KeyReader};
-use pjrt_crosshost::transfer::session::{LocalDevices, ProcessEntry, Session};
+use pjrt_crosshost::transfer::session::{epoch_record, ProcessEntry};
 use pjrt_crosshost::transfer::{CompletionKey, Receipt};
 use pjrt_crosshost::transport::control::{
     decode_frame_for_fuzzing, decode_frames_for_fuzzing, encode_frame_for_fuzzing,
-    split_key_for_fuzzing, ControlEndpoint, Secret, MAX_FRAME,
+    split_key_for_fuzzing, ControlEndpoint, MAX_FRAME,
 };
 use pjrt_crosshost::transport::tcp::wire::{
     encode_response, read_response, RequestHeader, MAX_RESPONSE_MESSAGE_LEN,
@@ -187,47 +185,22 @@ pub fn check_session_entry(bytes: &[u8]) {
 }
 
 const EPOCH_SESSION: &str = "fuzz";
-const EPOCH_KEY: &str = "crosshost/session/fuzz/epoch";
 
-/// The epoch record (`<epoch> <secret-hex>`) as a joining process parses it,
-/// in `Session::establish` itself: process 1 of a job whose other processes
-/// it does not wait for (`num_processes = 0`), so the record is all it reads.
-fn join_with_epoch_record(record: &[u8]) -> pjrt_crosshost::status::Result<(String, Secret)> {
-    let store = MemoryStore::new();
-    store.set(EPOCH_KEY, record).unwrap();
-    let mut seen = None;
-    let session = Session::establish(
-        &store,
-        EPOCH_SESSION,
-        1,
-        0,
-        LocalDevices::sequential(1, "fuzz"),
-        "shm",
-        Duration::from_secs(1),
-        |epoch: &str, secret: Secret| {
-            seen = Some((epoch.to_string(), secret));
-            Ok(None)
-        },
-    )?;
-    let (epoch, secret) = seen.expect("the control hook is told the session");
-    assert_eq!(session.epoch, epoch);
-    assert_eq!(session.secret, secret);
-    Ok((epoch, secret))
-}
-
+/// The epoch record (`<epoch> <secret-hex> <written ms>`) as a joining
+/// process parses it (`epoch_record::decode`, what `await_fresh` reads);
+/// whether it is fresh is a matter of clocks, tested in the crate.
 pub fn check_session_epoch(bytes: &[u8]) {
-    let (epoch, secret) = match join_with_epoch_record(bytes) {
-        Ok(parsed) => parsed,
+    let record = match epoch_record::decode(EPOCH_SESSION, bytes) {
+        Ok(record) => record,
         Err(error) => {
             assert_eq!(error.code, Code::DataLoss, "{error}");
             return;
         }
     };
-    // The writer's format (process 0 in `Session::establish`).
-    let again = format!("{epoch} {}", secret.to_hex());
-    let (epoch_again, secret_again) =
-        join_with_epoch_record(again.as_bytes()).expect("the re-encoding must parse");
-    assert_eq!((epoch_again, secret_again), (epoch, secret));
+    // The writer's format (process 0's `epoch_record::publish`).
+    let again = epoch_record::decode(EPOCH_SESSION, record.encode().as_bytes())
+        .expect("the re-encoding must parse");
+    assert_eq!(again, record);
 }
 
 // --------------------------------- control -----------------------------------

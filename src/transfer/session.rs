@@ -26,7 +26,7 @@ use crate::transport::hex;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
 
-mod epoch_record;
+pub mod epoch_record;
 pub mod roster;
 
 /// The most devices a peer's session entry may state (XLA numbers a

@@ -30,18 +30,37 @@ fn now_ms() -> u64 {
 pub fn publish(store: &dyn KeyValueStore, name: &str) -> Result<(String, Secret)> {
     let epoch = format!("{:016x}", random_u64()?);
     let secret = Secret::generate()?;
-    let record = format!("{epoch} {} {}", secret.to_hex(), now_ms());
-    store.set(&key(name), record.as_bytes())?;
+    let record = Record {
+        epoch: epoch.clone(),
+        secret,
+        written_ms: now_ms(),
+    };
+    store.set(&key(name), record.encode().as_bytes())?;
     Ok((epoch, secret))
 }
 
-struct Record {
-    epoch: String,
-    secret: Secret,
-    written_ms: u64,
+/// One epoch record, as process 0 writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub epoch: String,
+    pub secret: Secret,
+    /// When it was written (milliseconds since the Unix epoch).
+    pub written_ms: u64,
 }
 
-fn decode(name: &str, bytes: &[u8]) -> Result<Record> {
+impl Record {
+    pub fn encode(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.epoch,
+            self.secret.to_hex(),
+            self.written_ms
+        )
+    }
+}
+
+/// Parses a record of session `name` (DATA_LOSS if it is not one).
+pub fn decode(name: &str, bytes: &[u8]) -> Result<Record> {
     let bad = || status::data_loss(format!("session {name:?}: malformed epoch record"));
     let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
     let mut parts = text.split(' ');
