@@ -106,13 +106,7 @@ def test_strangers_that_die_in_the_middle_of_wire_up_do_not_take_the_process_dow
             f"the victim died after {i + 1} strangers (rc {victim.proc.returncode}): "
             f"{victim.proc.stderr.read().decode()[-2000:]}")
     # A real peer still gets its bytes in.
-    friend = two_hosts.popen("a", [BIN, "friend", victim.addresses, token, "65536"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    friend_addresses = ",".join(json_line(friend)["addresses"])
-    victim.ask(f"peer 1 {friend_addresses}")
-    friend.stdin.write(b"go\n")
-    friend.stdin.flush()
-    assert json_line(friend, 60)["outcome"] == "OK"
+    assert friend_sends_to(two_hosts, victim, 1, token) == "OK"
     report = victim.ask("report")
     assert report["destinations"] == {token: "pattern"}, report
     # Every stranger whose message arrived was refused (some die before
@@ -185,8 +179,15 @@ def hold_connections(bed, victim_host: str, count: int) -> subprocess.Popen:
 
 
 def friend_sends(bed, victim: Victim, process: int) -> str:
+    """A new destination on the victim, then `friend_sends_to` it."""
     token = secrets.token_hex(32)
     victim.ask(f"expect {token} 65536")
+    return friend_sends_to(bed, victim, process, token)
+
+
+def friend_sends_to(bed, victim: Victim, process: int, token: str) -> str:
+    """A friend, known to the victim as `process`, sends 64 KiB under
+    `token`; its outcome."""
     friend = bed.popen("a", [BIN, "friend", victim.addresses, token, "65536"],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     friend_addresses = ",".join(json_line(friend)["addresses"])
