@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -76,7 +77,7 @@ TARGETS = {"4 KiB": 2.0, "64 x 1 MiB": 2.0, "1 MiB": 4.0, "64 MiB": 4.0, "256 Mi
 # without UCX gets). No variant needs options: each process finds the
 # address it is reached at and, where both have it, moves bytes over UCX.
 HOST_VARIANTS = [
-    ("ucx", ""),
+    ("auto", ""),
     ("tcp-noucx", ""),
 ]
 # --hosts: options every variant gets on each host (none are needed).
@@ -94,6 +95,20 @@ RAW_CEILINGS = (("1 MiB", MIB, (1,)), ("64 x 1 MiB", 64 * MIB, (1, 2, 4)))
 # Cases of at most SMALL_BYTES in all run SMALL_REPS_FACTOR times --reps.
 SMALL_BYTES = 4 * MIB
 SMALL_REPS_FACTOR = 5
+
+
+def parse_cases(text: str) -> list:
+    """'16x256 KiB,4 MiB' -> [("16 x 256 KiB", 262144, 16), ("4 MiB", 4194304, 1)]."""
+    units = {"KiB": 1 << 10, "MiB": MIB}
+    cases = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(\d+)\s*(KiB|MiB)\s*", item)
+        if match is None:
+            raise argparse.ArgumentTypeError(f"not a case: {item!r} (want e.g. '16x256 KiB')")
+        count, size, unit = int(match.group(1) or 1), int(match.group(2)), match.group(3)
+        name = f"{size} {unit}" if count == 1 else f"{count} x {size} {unit}"
+        cases.append((name, size * units[unit], count))
+    return cases
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -602,10 +617,15 @@ def main() -> None:
                         help="--hosts: every job this many times, alternating, times pooled")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="bound on each job, seconds")
+    parser.add_argument("--cases", type=parse_cases, metavar="[COUNTx]SIZE,...",
+                        help="these cases instead of CASES, e.g. '256 KiB,16x256 KiB,4 MiB' "
+                             "(sizes in KiB or MiB)")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.quick or c[0] in QUICK]
     if args.hosts:  # every case; --quick drops only 256 MiB
         cases = [c for c in CASES if not args.quick or c[0] != "256 MiB"]
+    if args.cases:
+        cases = args.cases
 
     import jax  # noqa: F401 - fail early, with a clear message, if JAX is absent
 

@@ -149,6 +149,30 @@ def test_v2_between_hosts_with_no_options(two_hosts, tmp_path, hide_ucx, order):
         assert_short_slices(worker["thread_slices"], hide_ucx)
 
 
+def test_where_ucx_has_only_tcp_lanes_a_batch_of_large_buffers_takes_the_tcp_transport(
+        two_hosts, tmp_path):
+    """The bed's UCX has no RDMA lane, only TCP: `auto` then sends the eight
+    1 MiB buffers of one batch over the plugin's TCP transport, measured
+    the faster for such batches (transfer/route.rs), and the batch's small
+    buffers over UCX; `transport=ucx` keeps every buffer on UCX."""
+    job = BedJob(two_hosts, tmp_path)
+    sent, received = job.pair("batch", "recv_first")
+    assert sent["sends"] == ["OK"] * 10 and received["buffers"] == ["OK"] * 10, (sent, received)
+    assert all(received["same"]), received["same"]
+    m = received["metrics"]
+    assert m["keys_outstanding"] == 0 and m["keys_created"] == m["keys_deleted"], m
+    tcp, ucx = m["transports"]["tcp"], m["transports"]["ucx"]
+    assert tcp["transfers_received"] == 8 and tcp["bytes_received"] == 8 << 20, m["transports"]
+    assert ucx["transfers_received"] == 2 and ucx["bytes_received"] == 17 + 4096, m["transports"]
+
+    forced = BedJob(two_hosts, tmp_path, options={"transport": "ucx"})
+    sent, received = forced.pair("batch", "recv_first")
+    assert received["buffers"] == ["OK"] * 10 and all(received["same"]), received
+    m = received["metrics"]
+    assert m["transports"]["ucx"]["transfers_received"] == 10, m["transports"]
+    assert m["transports"]["tcp"]["transfers_received"] == 0, m["transports"]
+
+
 # The short slice the cross-host threads ask for (sync/threads.rs).
 SHORT_SLICE_NS = 100_000
 

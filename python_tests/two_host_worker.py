@@ -42,7 +42,18 @@ SPECS = [
     th.spec(BT.BF16, 2, 3, 4),
     th.spec(BT.U8, 8 << 20),
 ]
-KEYS = list(range(100, 100 + len(SPECS)))
+# Scenario "batch": eight 1 MiB buffers from one peer, beside two small
+# ones: where UCX's only lane is TCP, `auto` sends the eight over the TCP
+# transport and the small ones over UCX (transfer/route.rs).
+BATCH_SPECS = [th.spec(BT.U8, 17), *[th.spec(BT.U8, 1 << 20)] * 8, th.spec(BT.S32, 1024)]
+
+
+def specs_of(scenario: str) -> list:
+    return BATCH_SPECS if scenario == "batch" else SPECS
+
+
+def keys_of(specs: list) -> list:
+    return list(range(100, 100 + len(specs)))
 # UCX settings the plugin chooses unless the user did (ucx/library.rs).
 UCX_SETTINGS = ["UCX_TCP_RX_SEG_SIZE"]
 
@@ -107,8 +118,9 @@ def sender(api, xh, client, ch, cfg):
         return {"sends": outcomes}
     if cfg.get("order") == "recv_first":
         ch.get("posted", 60)
-    srcs = [th.upload(client, d0, s, th.make_data(s, SEED + i)) for i, s in enumerate(SPECS)]
-    events = xh.send(client, srcs, [dst] * len(SPECS), KEYS)
+    specs = specs_of(scenario)
+    srcs = [th.upload(client, d0, s, th.make_data(s, SEED + i)) for i, s in enumerate(specs)]
+    events = xh.send(client, srcs, [dst] * len(specs), keys_of(specs))
     ch.put("sent", b"1")
     outcomes = [status_code(th.wait_event(e, timeout=90)) for e in events]
     return {"sends": outcomes}
@@ -119,6 +131,7 @@ def receiver(api, xh, client, ch, cfg):
     src = th.device_ids(client, 0)[0]
     scenario = cfg["scenario"]
     started = time.monotonic()
+    specs = specs_of(scenario)
     if scenario in ("v1", "cancel"):
         r = xh.make_receive(client, d2, SPECS)
         if scenario == "cancel":
@@ -128,10 +141,10 @@ def receiver(api, xh, client, ch, cfg):
     else:
         if cfg.get("order") == "send_first":
             ch.get("sent", 60)
-        buffers = xh.receive(client, d2, SPECS, [src] * len(SPECS), KEYS)
+        buffers = xh.receive(client, d2, specs, [src] * len(specs), keys_of(specs))
         ch.put("posted", b"1")
     outcomes, same = [], []
-    for i, (b, s) in enumerate(zip(buffers, SPECS)):
+    for i, (b, s) in enumerate(zip(buffers, specs)):
         status = th.buffer_status(b, timeout=90)
         outcomes.append(status_code(status))
         if status is None:

@@ -1,12 +1,14 @@
-//! Which transport a receive destination is offered over, per peer: the
-//! `transport` option, where the peer is, and whether both ends have UCX.
+//! Which transport a receive destination is offered over: the `transport`
+//! option, where the peer is, whether both ends have UCX and what its lanes
+//! are, and, where UCX's only lane is TCP, the shape of the batch.
 use crate::sync::ByteRoute;
 
 /// The `transport` create option.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TransportChoice {
     /// Shared memory on one host; between hosts UCX where both processes
-    /// have it, else TCP.
+    /// have it, else TCP; where this host's UCX has no RDMA lane, batches
+    /// of large buffers take TCP (see `Route::for_buffer`).
     #[default]
     Auto,
     /// TCP destinations only, even on one host.
@@ -45,6 +47,41 @@ impl TransportChoice {
     }
 }
 
+/// What carries UCX's bytes from this host, as its UCX sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UcxLanes {
+    /// An RDMA transport (verbs, EFA): what a TCP stream cannot use.
+    Rdma,
+    /// TCP only, as the plugin's own TCP transport.
+    TcpOnly,
+}
+
+/// Where a peer is, from this process, and what reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reach {
+    pub same_host: bool,
+    /// This process's UCX, `None` without one.
+    pub ucx: Option<UcxLanes>,
+    pub peer_has_ucx: bool,
+}
+
+/// Buffers of at least `TCP_BATCH_MIN_BYTES`, `TCP_BATCH_MIN_COUNT` or
+/// more of them from one peer in one receive batch, go over the TCP
+/// transport where UCX's only lane is TCP. Measured on the two-host bed
+/// inside JAX, UCX 1.22 against the TCP transport (`bench/jax_device_put.py
+/// --hosts --variant ucx=transport=ucx --variant tcp=transport=tcp --cases
+/// ...`, three alternating rounds, medians in ms, UCX / TCP;
+/// docs/benchmarks.md): from 8 such buffers on, TCP was ahead every time
+/// (8 x 1 MiB 3.65 / 3.31, 16 x 256 KiB 2.78 / 1.84, 64 x 1 MiB 24.1 / 21.5,
+/// 16 x 4 MiB 20.1 / 14.9): its handler threads receive several buffers
+/// straight into their destinations at once. Below 8 it went either way
+/// (4 x 256 KiB 0.83 / 0.94, 4 x 1 MiB 2.03 / 1.86, 4 x 4 MiB 5.57 / 5.77),
+/// and UCX was ahead for lone buffers (4 MiB 1.60 / 1.94, 64 MiB 19.2 /
+/// 29.0: it stripes one buffer over its workers) and small ones (16 x 64 KiB
+/// 1.14 / 1.36).
+pub const TCP_BATCH_MIN_BYTES: usize = 256 << 10;
+pub const TCP_BATCH_MIN_COUNT: usize = 8;
+
 /// How one destination is offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -54,20 +91,29 @@ pub enum Route {
 }
 
 impl Route {
-    /// The route to a peer on `same_host` (or not) of which `peer_has_ucx`,
-    /// when this process `has_ucx`.
-    pub fn to_peer(
+    /// The route of one buffer of `bytes` from a peer at `reach`, in a
+    /// batch holding `large_from_peer` buffers of at least
+    /// `TCP_BATCH_MIN_BYTES` from that peer.
+    pub fn for_buffer(
         choice: TransportChoice,
-        same_host: bool,
-        has_ucx: bool,
-        peer_has_ucx: bool,
+        reach: Reach,
+        bytes: usize,
+        large_from_peer: usize,
     ) -> Route {
-        match choice {
-            TransportChoice::Tcp => Route::Tcp,
-            TransportChoice::Ucx => Route::Ucx,
-            TransportChoice::Auto if same_host => Route::SharedMemory,
-            TransportChoice::Auto if has_ucx && peer_has_ucx => Route::Ucx,
-            TransportChoice::Auto => Route::Tcp,
+        match (choice, reach.ucx) {
+            (TransportChoice::Tcp, _) => Route::Tcp,
+            (TransportChoice::Ucx, _) => Route::Ucx,
+            (TransportChoice::Auto, _) if reach.same_host => Route::SharedMemory,
+            (TransportChoice::Auto, None) => Route::Tcp,
+            (TransportChoice::Auto, Some(_)) if !reach.peer_has_ucx => Route::Tcp,
+            (TransportChoice::Auto, Some(UcxLanes::Rdma)) => Route::Ucx,
+            (TransportChoice::Auto, Some(UcxLanes::TcpOnly)) => {
+                if bytes >= TCP_BATCH_MIN_BYTES && large_from_peer >= TCP_BATCH_MIN_COUNT {
+                    Route::Tcp
+                } else {
+                    Route::Ucx
+                }
+            }
         }
     }
 
@@ -94,18 +140,56 @@ impl Route {
 mod tests {
     use super::*;
 
+    fn reach(same_host: bool, ucx: Option<UcxLanes>, peer_has_ucx: bool) -> Reach {
+        Reach {
+            same_host,
+            ucx,
+            peer_has_ucx,
+        }
+    }
+
     #[test]
     fn auto_takes_shared_memory_on_one_host_and_ucx_between_hosts_only_when_both_have_it() {
         use TransportChoice::*;
-        assert_eq!(Route::to_peer(Auto, true, true, true), Route::SharedMemory);
-        assert_eq!(Route::to_peer(Auto, false, true, true), Route::Ucx);
-        assert_eq!(Route::to_peer(Auto, false, true, false), Route::Tcp);
-        assert_eq!(Route::to_peer(Auto, false, false, true), Route::Tcp);
-        assert_eq!(Route::to_peer(Tcp, false, true, true), Route::Tcp);
-        assert_eq!(Route::to_peer(Ucx, true, true, true), Route::Ucx);
+        let rdma = Some(UcxLanes::Rdma);
+        let lone = |choice, reach| Route::for_buffer(choice, reach, 4 << 20, 1);
+        assert_eq!(lone(Auto, reach(true, rdma, true)), Route::SharedMemory);
+        assert_eq!(lone(Auto, reach(false, rdma, true)), Route::Ucx);
+        assert_eq!(lone(Auto, reach(false, rdma, false)), Route::Tcp);
+        assert_eq!(lone(Auto, reach(false, None, true)), Route::Tcp);
+        assert_eq!(lone(Tcp, reach(false, rdma, true)), Route::Tcp);
+        assert_eq!(lone(Ucx, reach(true, rdma, true)), Route::Ucx);
         assert_eq!(Route::unknown_peer(Auto), Route::SharedMemory);
         assert!(Auto.wants_ucx(false) && !Auto.wants_ucx(true) && Ucx.wants_ucx(true));
         assert_eq!(TransportChoice::parse("ucx"), Some(Ucx));
         assert_eq!(TransportChoice::parse("rdma"), None);
+    }
+
+    #[test]
+    fn where_ucx_has_only_tcp_batches_of_large_buffers_take_the_tcp_transport() {
+        use TransportChoice::*;
+        let tcp_only = reach(false, Some(UcxLanes::TcpOnly), true);
+        let large = TCP_BATCH_MIN_BYTES;
+        let count = TCP_BATCH_MIN_COUNT;
+        assert_eq!(Route::for_buffer(Auto, tcp_only, large, count), Route::Tcp);
+        assert_eq!(
+            Route::for_buffer(Auto, tcp_only, large, count - 1),
+            Route::Ucx
+        );
+        assert_eq!(Route::for_buffer(Auto, tcp_only, 64 << 20, 16), Route::Tcp);
+        // A lone large buffer is striped over UCX's workers; small ones
+        // cost UCX less, in a batch or not.
+        assert_eq!(Route::for_buffer(Auto, tcp_only, 64 << 20, 1), Route::Ucx);
+        assert_eq!(Route::for_buffer(Auto, tcp_only, large - 1, 16), Route::Ucx);
+        // With RDMA lanes, or a transport named, the batch does not matter.
+        let rdma = reach(false, Some(UcxLanes::Rdma), true);
+        assert_eq!(Route::for_buffer(Auto, rdma, large, 16), Route::Ucx);
+        assert_eq!(Route::for_buffer(Ucx, tcp_only, large, 16), Route::Ucx);
+        // On one host shared memory, whatever the batch.
+        let here = reach(true, Some(UcxLanes::TcpOnly), true);
+        assert_eq!(
+            Route::for_buffer(Auto, here, large, 16),
+            Route::SharedMemory
+        );
     }
 }

@@ -30,6 +30,7 @@ use crate::backend::{self, BackendChoice};
 use crate::compute_plugin;
 use crate::kv::callback::RawKvCallbacks;
 use crate::status::{Result, Status};
+use crate::transfer::route::{UcxLanes, TCP_BATCH_MIN_BYTES, TCP_BATCH_MIN_COUNT};
 use crate::transfer::session::Session;
 use crate::transport::advertise::{self, AddressHints};
 use crate::transport::connections::Connection;
@@ -676,6 +677,19 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
         } else {
             "TCP"
         };
+        // Where UCX's only lane is TCP, `auto` sends batches of large
+        // buffers over the TCP transport (`transfer::route`): say so.
+        let tcp_only = client.transfers().ucx_lanes() == Some(UcxLanes::TcpOnly);
+        let batches = if route == "UCX" && tcp_only && options.transport == TransportChoice::Auto {
+            format!(
+                " (batches of {} or more buffers of at least {} KiB by TCP: this host's UCX \
+                 has no RDMA lane; transport=ucx keeps them on UCX)",
+                TCP_BATCH_MIN_COUNT,
+                TCP_BATCH_MIN_BYTES >> 10
+            )
+        } else {
+            String::new()
+        };
         let mut facts = vec![
             ("process".to_string(), Fact::Number(p as f64)),
             (
@@ -685,7 +699,7 @@ fn job(report: &mut Report, request: &Request, mut options: ClientOptions) {
             ("route".to_string(), Fact::Text(route.to_string())),
         ];
         let mut line = format!(
-            "peer {p}        host {}, bytes by {route}",
+            "peer {p}        host {}, bytes by {route}{batches}",
             process.host.hostname
         );
         for s in seen.iter().filter(|s| s.peer == p) {

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use super::memory_budget::{Bound, BudgetLease, MemoryBudget};
 use super::recv_state::{PendingReceive, ReceiveConfig, ReceiveTracker};
-use super::route::TransportChoice;
+use super::route::{TransportChoice, UcxLanes};
 use super::session::Session;
 use crate::backend::Allocation;
 use crate::kv::KeyValueStore;
@@ -418,6 +418,17 @@ impl TransferService {
                  another host with UCX; see the log for why UCX was not started)",
                 self.config.transport.name()
             ))
+        })
+    }
+
+    /// What this process's UCX moves bytes over, `None` without UCX.
+    pub fn ucx_lanes(&self) -> Option<UcxLanes> {
+        self.ucx.as_ref().map(|ucx| {
+            if ucx.has_rdma() {
+                UcxLanes::Rdma
+            } else {
+                UcxLanes::TcpOnly
+            }
         })
     }
 

@@ -16,7 +16,7 @@ use crate::transfer::keys::{pair_epoch, BufferIndices, CompletionKey};
 use crate::transfer::memory_budget::BudgetLease;
 use crate::transfer::receipt::Receipt;
 use crate::transfer::recv_state::{PendingReceive, RecordOutcome};
-use crate::transfer::route::Route;
+use crate::transfer::route::{Reach, Route, TCP_BATCH_MIN_BYTES};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
@@ -63,34 +63,48 @@ impl TransferService {
         let me = self.session.process_index;
         let local_host = HostIdentity::local()?;
         // Check every peer before opening anything. A batch names few peer
-        // devices: each one's process, epoch and route are worked out once.
+        // devices: each one's process, epoch and reach are worked out once.
+        let mut pairs: HashMap<i32, (i32, String, Reach)> = HashMap::new();
+        let mut peer_of_buffer = Vec::with_capacity(peers.len());
+        for &(peer_device, _) in peers {
+            if let Entry::Vacant(slot) = pairs.entry(peer_device) {
+                let peer = self.remote_process(peer_device, F)?;
+                let epoch = pair_epoch(
+                    &self.session.epoch,
+                    (peer_device, my_device),
+                    (peer.process_index, me),
+                    incarnations,
+                );
+                let reach = Reach {
+                    same_host: peer.host == local_host,
+                    ucx: self.ucx_lanes(),
+                    peer_has_ucx: self.session.ucx.contains_key(&peer.process_index),
+                };
+                slot.insert((peer.process_index, epoch, reach));
+            }
+            peer_of_buffer.push(pairs[&peer_device].0);
+        }
+        // `auto` weighs how many large buffers come from each process.
+        let mut large_from: HashMap<i32, usize> = HashMap::new();
+        for (request, process) in requests.iter().zip(&peer_of_buffer) {
+            if request.spec.byte_size >= TCP_BATCH_MIN_BYTES {
+                *large_from.entry(*process).or_default() += 1;
+            }
+        }
         let mut plan = Vec::with_capacity(peers.len());
-        let mut pairs: HashMap<i32, (i32, String, Route)> = HashMap::new();
         let mut indices = BufferIndices::default();
-        for &(peer_device, transfer_key) in peers {
-            let (peer_process, epoch, route) = match pairs.entry(peer_device) {
-                Entry::Occupied(known) => known.into_mut(),
-                Entry::Vacant(slot) => {
-                    let peer = self.remote_process(peer_device, F)?;
-                    let epoch = pair_epoch(
-                        &self.session.epoch,
-                        (peer_device, my_device),
-                        (peer.process_index, me),
-                        incarnations,
-                    );
-                    let route = Route::to_peer(
-                        self.config.transport,
-                        peer.host == local_host,
-                        self.ucx.is_some(),
-                        self.session.ucx.contains_key(&peer.process_index),
-                    );
-                    slot.insert((peer.process_index, epoch, route))
-                }
-            };
+        for (&(peer_device, transfer_key), request) in peers.iter().zip(&requests) {
+            let (peer_process, epoch, reach) = &pairs[&peer_device];
+            let route = Route::for_buffer(
+                self.config.transport,
+                *reach,
+                request.spec.byte_size,
+                large_from.get(peer_process).copied().unwrap_or(0),
+            );
             let index = indices.next((peer_device, my_device), transfer_key);
             let key = CompletionKey::new(epoch, transfer_key, index)?;
             let desc_key = key.descriptor_key();
-            plan.push((key, desc_key, *peer_process, *route));
+            plan.push((key, desc_key, *peer_process, route));
         }
         let desc_keys: Vec<String> = plan.iter().map(|(_, d, _, _)| d.clone()).collect();
         // A batch past max_receive_bytes is refused before any destination

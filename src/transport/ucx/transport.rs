@@ -26,6 +26,7 @@ pub struct UcxTransport {
     sink: Arc<OnceCell<ReceiptSink>>,
     next: AtomicUsize,
     version: String,
+    rdma: bool,
 }
 
 impl std::fmt::Debug for UcxTransport {
@@ -51,13 +52,33 @@ impl UcxTransport {
         let workers = (0..count.clamp(1, u16::MAX as usize))
             .map(|index| WorkerHandle::start(ucx, me, index as u16, registry.clone(), sink.clone()))
             .collect::<Result<Vec<_>>>()?;
+        // Which lanes UCX can have toward a peer decides whether the TCP
+        // transport is the faster for some transfers (`transfer::route`).
+        // A library that cannot say is taken to have RDMA: UCX is then
+        // preferred, as before this was asked.
+        let rdma = match super::capabilities::query(ucx) {
+            Ok(found) => !found.rdma().is_empty(),
+            Err(e) => {
+                log::warn!(
+                    "UCX: could not list its transports ({e}); taking it to have RDMA lanes"
+                );
+                true
+            }
+        };
         Ok(UcxTransport {
             workers,
             registry,
             sink,
             next: AtomicUsize::new(0),
             version: ucx.version.clone(),
+            rdma,
         })
+    }
+
+    /// Whether this host's UCX has an RDMA transport (verbs, EFA): else
+    /// its lanes toward any peer are TCP, as the plugin's TCP transport's.
+    pub fn has_rdma(&self) -> bool {
+        self.rdma
     }
 
     /// The workers' addresses, in order, for the job's other processes.
