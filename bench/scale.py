@@ -4,6 +4,15 @@ bed (scripts/n-hosts.sh, python_tests/n_hosts.py; root only), for N in
 
     python bench/scale.py [--max 64 | --counts 2,4,8] [--store etcd|callbacks]
                           [--tcp] [--sizes 65536] [--json out.json]
+                          [--per-host K] [--nofile 1024] [--round all|ring]
+                          [--option k=v ...]
+
+With --per-host K each host runs K processes (one per GPU of a node, say),
+process i on host i mod N, so N*K processes form the job (column P); those
+of one host reach each other through shared memory. With --nofile every
+process sets that soft open-file limit and the plugin is told not to raise
+it (PJRT_CROSSHOST_RAISE_FD_LIMIT=0); a process whose limit did not hold
+fails the run. --round ring measures a ring instead of the all-to-all.
 
 For each N a fresh bed of N hosts and a store host (etcd, or with
 --store callbacks the KV server of the plugin's default multi-process mode),
@@ -68,6 +77,7 @@ COLUMNS = [
     ("create_tcp_store", "c:+st", "{:.1f}"),
     ("a2a_s", "a2a s", "{:.2f}"),
     ("a2a_fds", "a:fds", "{:.0f}"),
+    ("a2a_max_fds", "a:max fds", "{:.0f}"),
     ("a2a_threads", "a:thr", "{:.0f}"),
     ("a2a_rss_mib", "a:MiB", "{:.1f}"),
     ("a2a_tcp_peers", "a:tcp", "{:.1f}"),
@@ -100,7 +110,7 @@ def usage_means(results: dict, phase: str) -> dict:
     }
 
 
-def failure_classes(results: dict) -> dict[str, int]:
+def failure_classes(results: dict, round_name: str = "all") -> dict[str, int]:
     """How many transfers ended each way but OK (messages with their keys,
     ids and numbers blanked), and how many processes failed creation."""
     classes: dict[str, int] = {}
@@ -114,10 +124,10 @@ def failure_classes(results: dict) -> dict[str, int]:
             count("create", f"{r['create_error']['code']}: {r['create_error']['message']}")
             continue
         for what in ("sends", "receives"):
-            for outcomes in r["all"][what].values():
+            for outcomes in r[round_name][what].values():
                 for outcome in outcomes:
                     count(what[:-1], outcome)
-        for _ in r["all"]["bad_bytes"]:
+        for _ in r[round_name]["bad_bytes"]:
             count("receive", "bytes differ")
         if r["metrics"]["keys_outstanding"]:
             count("process", "completion keys left")
@@ -129,8 +139,11 @@ def measure(n: int, args, log_dir: Path) -> dict:
     with n_hosts.NHostBed(n, store=True) as bed:
         row: dict = {"n": n, "bed_s": time.monotonic() - started}
         timeout = args.timeout or max(60.0, 3.0 * n)
+        round_name = args.round
         job = NHostJob(bed, log_dir, store=args.store, hide_ucx=args.tcp, sizes=args.sizes,
-                       rounds=("all",), timeout_s=timeout, pause=True)
+                       rounds=(round_name,), timeout_s=timeout, pause=True,
+                       per_host=args.per_host, nofile=args.nofile, options=args.options)
+        row["processes"] = len(job.processes)
         try:
             job.start()
             etcd0 = job.etcd.cpu_seconds() if job.etcd else None
@@ -141,14 +154,19 @@ def measure(n: int, args, log_dir: Path) -> dict:
             results = job.results()
             etcd2 = job.etcd.cpu_seconds() if job.etcd else None
             row["create_s"] = max(r["create_end"] for r in results.values()) - job.go_time
-            row["a2a_s"] = max(r["all"]["seconds"] for r in results.values())
-            for phase, prefix in (("after_create", "create"), ("after_all_to_all", "a2a")):
+            row["a2a_s"] = max(r[round_name]["seconds"] for r in results.values())
+            after = "after_all_to_all" if round_name == "all" else "after_ring"
+            for phase, prefix in (("after_create", "create"), (after, "a2a")):
                 for key, value in usage_means(results, phase).items():
                     row[f"{prefix}_{key}"] = value
             if job.etcd:
                 row["etcd_cpu_s"] = etcd1 - etcd0
                 row["a2a_etcd_s"] = etcd2 - etcd1
-            failed = failure_classes(results)
+            failed = failure_classes(results, round_name)
+            if args.nofile:
+                held = {r.get("nofile_soft") for r in results.values() if "nofile_soft" in r}
+                if held != {args.nofile}:
+                    failed[f"soft fd limit not held: {sorted(held)}"] = 1
             codes = job.finish()
             if any(code != 0 for code in codes.values()):
                 failed[f"workers exited {sorted(set(codes.values()), key=str)}"] = 1
@@ -164,13 +182,14 @@ def measure(n: int, args, log_dir: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     cols = [c for c in COLUMNS if all(c[0] in r for r in rows)]
-    head = ["N"] + [h for _, h, _ in cols]
-    lines = [[str(r["n"])] + [fmt.format(r[k]) for k, _, fmt in cols] for r in rows]
+    head = ["N", "P"] + [h for _, h, _ in cols]
+    lines = [[str(r["n"]), str(r["processes"])] + [fmt.format(r[k]) for k, _, fmt in cols]
+             for r in rows]
     if len(rows) >= 2:
         ns = [r["n"] for r in rows]
         fits = [fit(ns, [r[k] for r in rows]) for k, _, _ in cols]
-        lines.append(["a"] + [fmt.format(a) for (a, _), (_, _, fmt) in zip(fits, cols)])
-        lines.append(["b"] + [f"{b:.3g}" for _, b in fits])
+        lines.append(["a", ""] + [fmt.format(a) for (a, _), (_, _, fmt) in zip(fits, cols)])
+        lines.append(["b", ""] + [f"{b:.3g}" for _, b in fits])
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
     out = ["  ".join(x.rjust(w) for x, w in zip(head, widths))]
     out += ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in lines]
@@ -187,8 +206,20 @@ def main() -> None:
                         help="bytes of the buffers each pair exchanges, comma-separated")
     parser.add_argument("--timeout", type=float, help="seconds: every deadline of the job "
                         "(default max(60, 3 N))")
+    parser.add_argument("--per-host", type=int, default=1, metavar="K",
+                        help="processes on each host (N hosts, N*K processes)")
+    parser.add_argument("--nofile", type=int, metavar="LIMIT",
+                        help="each process's soft open-file limit, the plugin's raise of it off")
+    parser.add_argument("--round", choices=["all", "ring"], default="all",
+                        help="the round after creation: all-to-all or a ring")
+    parser.add_argument("--option", action="append", default=[], metavar="K=V",
+                        help="a create option for every process (repeat)")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
+    args.options = {}
+    for item in args.option:
+        key, _, value = item.partition("=")
+        args.options[key] = int(value) if value.lstrip("-").isdigit() else value
     args.sizes = [int(s) for s in args.sizes.split(",")]
     counts = [int(c) for c in args.counts.split(",")] if args.counts else [c for c in COUNTS if c <= args.max]
     if not counts:
@@ -205,10 +236,13 @@ def main() -> None:
     if reason is not None:
         raise SystemExit(f"bench/scale.py: no N-host bed can be made here: {reason}")
     transport = "TCP fallback (UCX hidden)" if args.tcp else "UCX"
-    print(f"scale: N = {counts}, store {args.store}, {transport}, all-to-all of {args.sizes} bytes "
-          f"per pair", flush=True)
+    what = "all-to-all" if args.round == "all" else "ring"
+    limit = f", soft fd limit {args.nofile} (not raised)" if args.nofile else ""
+    print(f"scale: N = {counts} hosts x {args.per_host} processes, store {args.store}, {transport}, "
+          f"{what} of {args.sizes} bytes per pair{limit}", flush=True)
     rows, failed = [], None
     with tempfile.TemporaryDirectory(prefix="xh-scale-") as logs:
+        logs = os.environ.get("XH_SCALE_LOGS") or logs
         for n in counts:
             row = measure(n, args, Path(logs))
             if args.json:
@@ -217,7 +251,8 @@ def main() -> None:
                 failed = row
                 break
             rows.append(row)
-            print(f"N={n}: created in {row['create_s']:.2f} s, all-to-all {row['a2a_s']:.2f} s", flush=True)
+            print(f"N={n} ({row['processes']} processes): created in {row['create_s']:.2f} s, "
+                  f"{what} {row['a2a_s']:.2f} s", flush=True)
     print()
     print("per process, mean over the N: c: after creation, a: after the all-to-all round; fds, "
           "threads, RSS MiB, established TCP connections to other hosts (tcp) and to the store host (+st)")

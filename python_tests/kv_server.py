@@ -75,6 +75,10 @@ class KvServer:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            # socketserver's default backlog is 5: a job of hundreds of
+            # processes connecting at once had SYNs dropped and retried for
+            # a minute (the kernel caps it at somaxconn).
+            request_queue_size = 4096
 
         self._server = Server((host, port), Handler)
         self.address = self._server.server_address

@@ -36,19 +36,28 @@ def library_path() -> str:
 class NHostJob:
     def __init__(self, bed: n_hosts.NHostBed, log_dir: Path, store: str = "callbacks",
                  hide_ucx: bool = False, sizes=(17, 4096, 256 << 10), rounds=("ring", "all"),
-                 options: dict | None = None, timeout_s: float = 30.0, pause: bool = False):
+                 options: dict | None = None, timeout_s: float = 30.0, pause: bool = False,
+                 per_host: int = 1, nofile: int | None = None):
         assert store in STORES, store
         assert bed.store, "the job's store runs on the bed's store host"
         self.bed = bed
         self.log_dir = Path(log_dir)
         self.store = store
         self.hosts = bed.hosts
+        # Processes 0..P-1, process i on host i mod N: a ring's neighbours
+        # are on different hosts, as an all-to-all's mostly are.
+        self.processes = list(range(len(bed.hosts) * per_host))
+        # A soft open-file limit each worker sets for itself, with the
+        # plugin's raise of it turned off, so that the limit holds.
+        self.nofile = nofile
         self.pause = pause
         self.prefix = n_hosts.without_ucx([]) if hide_ucx else []
         inherited = dict(os.environ)
         for name in ("PJRT_CROSSHOST_UCX_LIBRARY", "UCX_TCP_RX_SEG_SIZE", "PJRT_CROSSHOST_THREAD_SLICE_US"):
             inherited.pop(name, None)
         self.env = dict(inherited, PYTHONPATH=str(HERE))
+        if nofile is not None:
+            self.env["PJRT_CROSSHOST_RAISE_FD_LIMIT"] = "0"
         self.session = f"nhosts{uuid.uuid4().hex[:12]}"
         self.timeout_s = timeout_s
         self.options = {"session_timeout_ms": int(timeout_s * 1000),
@@ -73,19 +82,21 @@ class NHostJob:
         else:
             self.etcd = n_hosts.BedEtcd(self.bed)
             self.options.setdefault("kv_store", self.etcd.url)
-        for node in self.hosts:
-            cfg = {"lib": library_path(), "node": node, "nodes": len(self.hosts), "session": self.session,
-                   "options": self.options, "kv": kv, "store": self.bed.address(n_hosts.STORE),
-                   "sizes": self.sizes, "rounds": self.rounds, "timeout_s": self.timeout_s,
-                   "pause": self.pause}
+        for node in self.processes:
+            cfg = {"lib": library_path(), "node": node, "nodes": len(self.processes),
+                   "session": self.session, "options": self.options, "kv": kv,
+                   "store": self.bed.address(n_hosts.STORE), "sizes": self.sizes,
+                   "rounds": self.rounds, "timeout_s": self.timeout_s, "pause": self.pause,
+                   "nofile": self.nofile}
             log = self.log_dir / f"node{node}.log"
-            proc = self.bed.popen(node, [*self.prefix, sys.executable, WORKER, json.dumps(cfg)],
+            host = self.hosts[node % len(self.hosts)]
+            proc = self.bed.popen(host, [*self.prefix, sys.executable, WORKER, json.dumps(cfg)],
                                   env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=open(log, "wb"))
             proc.log = log
             self.workers[node] = proc
         for node, proc in self.workers.items():
-            line = self._line(proc, 60 + 2 * len(self.hosts))
+            line = self._line(proc, 60 + 2 * len(self.processes))
             assert json.loads(line) == {"ready": node}, line
 
     def _line(self, proc, timeout: float) -> str:

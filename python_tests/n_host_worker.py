@@ -190,6 +190,11 @@ def wait_for_stdin_line(timeout: float) -> str:
 def main(cfg: dict) -> int:
     node, nodes = cfg["node"], cfg["nodes"]
     result: dict = {"node": node}
+    if cfg.get("nofile"):
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["nofile"], hard))
     client = None
     api = pc.Api(cfg["lib"])
     api.initialize()
@@ -222,6 +227,7 @@ def main(cfg: dict) -> int:
             others = [p for p in range(nodes) if p != node]
             if "ring" in cfg["rounds"] and nodes > 1:
                 result["ring"] = job.exchange(1, [(node + 1) % nodes], [(node - 1) % nodes])
+                result["after_ring"] = usage(cfg.get("store"))
             if "all" in cfg["rounds"] and nodes > 1:
                 result["all"] = job.exchange(2, others, others)
                 result["after_all_to_all"] = usage(cfg.get("store"))
@@ -229,6 +235,10 @@ def main(cfg: dict) -> int:
                 result["metrics"] = th.wait_keys_retired(client, timeout=cfg["timeout_s"])[0]
             except AssertionError:
                 result["metrics"] = th.metrics(client)
+            import resource
+
+            # The soft limit as the plugin left it (a test checks it held).
+            result["nofile_soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except BaseException:  # noqa: BLE001 - reported to the test
         result["error"] = traceback.format_exc()
     print(json.dumps(result), flush=True)

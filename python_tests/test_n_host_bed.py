@@ -162,6 +162,41 @@ def test_ring_and_all_to_all_on_16_hosts(bed, jobs, store, hide_ucx):
         poll(lambda: job.etcd.keys() == [], 10, "no key left in etcd")
 
 
+# Several processes on each host (one per GPU on a real node) under the
+# common 1,024-descriptor soft limit, which the plugin is told not to raise.
+PER_HOST = 2
+NOFILE = 1024
+
+
+def test_several_processes_per_host_under_a_1024_fd_soft_limit_form_a_job(bed, jobs):
+    job = jobs(store="callbacks", timeout_s=TIMEOUT_S, per_host=PER_HOST, nofile=NOFILE,
+               rounds=("ring", "all"))
+    job.go()
+    processes = HOSTS * PER_HOST
+    results = job.results(timeout=6 * TIMEOUT_S)
+    assert sorted(results) == list(range(processes))
+    # Processes of one host reach each other through shared memory, the
+    # others over UCX: every byte checked, no key left, whatever the route.
+    per_pair = sum(SIZES)
+    for node, r in results.items():
+        assert "create_error" not in r, (node, r["create_error"])
+        for name, peers in (("ring", 1), ("all", processes - 1)):
+            rnd = r[name]
+            assert rnd["sent"] == rnd["received"] == peers * len(SIZES), (node, name, rnd)
+            assert rnd["sends"] == {} and rnd["receives"] == {}, (node, name, rnd)
+            assert rnd["bad_bytes"] == [], (node, name, rnd)
+        m = r["metrics"]
+        assert m["keys_outstanding"] == 0 and m["keys_created"] == m["keys_deleted"] > 0, (node, m)
+        assert m["bytes_received"] == m["bytes_sent"] == processes * per_pair, (node, m)
+        assert m["transports"]["shm"]["bytes_received"] > 0, (node, m["transports"])
+        assert m["transports"]["ucx"]["bytes_received"] > 0, (node, m["transports"])
+        # The limit held (the plugin did not raise it), and the process
+        # stayed under it with every peer's connections open.
+        assert r["nofile_soft"] == NOFILE, (node, r["nofile_soft"])
+        assert r["after_all_to_all"]["fds"] < NOFILE, (node, r["after_all_to_all"])
+    assert job.finish() == {node: 0 for node in range(processes)}
+
+
 def poll(pred, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not pred():
