@@ -412,6 +412,29 @@ fn a_wait_survives_a_short_restart_of_the_server() {
     s.set("crosshost/restart/mine", b"1").unwrap();
 }
 
+#[test]
+fn a_lease_that_expired_while_etcd_answered_nothing_is_replaced_and_writes_work_again() {
+    let server = EtcdServer::start_new();
+    let s = store(&server, Duration::from_secs(10));
+    let first = s.lease_id();
+    // etcd frozen past the lease's TTL (an etcd starved, or refusing
+    // renewals while its apply lags): the keep-alive stream breaks
+    // unanswered, and the lease is past its time when etcd answers again.
+    server.pause();
+    std::thread::sleep(s.lease_ttl() * 2); // the fault's length, not a wait for an event
+    server.resume();
+    until("a new lease replaced the expired one", || {
+        s.lease_id() != first
+    });
+    s.set("crosshost/relet/k", b"1").unwrap();
+    let listed = server.ctl(&["get", "crosshost/relet/k", "-w", "json"]);
+    assert!(
+        listed.contains(&format!("\"lease\":{}", s.lease_id())),
+        "key not under the new lease {}: {listed}",
+        s.lease_id()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // The lifecycle regression set, over etcd
 // ---------------------------------------------------------------------------

@@ -23,6 +23,15 @@ impl EtcdServer {
         self.0.stop();
     }
 
+    /// Freezes the server (SIGSTOP): connected, answering nothing.
+    pub fn pause(&self) {
+        self.0.pause().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    pub fn resume(&self) {
+        self.0.resume().unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// `etcdctl get --prefix <prefix> --keys-only`.
     pub fn keys(&self, prefix: &str) -> Vec<String> {
         local_server::keys(&self.endpoint(), prefix).unwrap_or_else(|e| panic!("{e}"))

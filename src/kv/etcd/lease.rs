@@ -76,7 +76,7 @@ impl Lease {
             Ok(pair) => pair,
             Err(e) => {
                 log::debug!("etcd lease keep-alive stream: {e}");
-                return Renewal::Broken;
+                return opening_refused(&e);
             }
         };
         loop {
@@ -96,8 +96,43 @@ impl Lease {
     }
 }
 
-#[derive(PartialEq, Eq)]
+#[derive(PartialEq, Eq, Debug)]
 enum Renewal {
     Broken,
     Expired,
+}
+
+/// What a keep-alive stream that could not be opened says about the lease.
+/// etcd-client opens the stream with a first renewal and answers etcd's "no
+/// such lease" to it (TTL 0) with this error, not with a response: taken for
+/// a broken stream, a lease that expired while the stream was down (etcd
+/// refuses renewals while its apply queue lags, "waiting for the applied
+/// index took too long", and each refusal ends the stream) was asked after
+/// five times a second for the rest of the process's life, never replaced,
+/// and every write under it failed with "requested lease not found".
+fn opening_refused(error: &etcd_client::Error) -> Renewal {
+    match error {
+        etcd_client::Error::LeaseKeepAliveError(why) if why == "lease not found" => {
+            Renewal::Expired
+        }
+        _ => Renewal::Broken,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_refused_for_want_of_the_lease_means_expired_anything_else_broken() {
+        // The error etcd-client makes of a first response with TTL 0
+        // (rpc/lease.rs, LeaseClient::keep_alive).
+        let gone = etcd_client::Error::LeaseKeepAliveError("lease not found".into());
+        assert_eq!(opening_refused(&gone), Renewal::Expired);
+        // Its sender closing, or the transport failing: the stream, not the lease.
+        let closed = etcd_client::Error::LeaseKeepAliveError("channel closed".into());
+        assert_eq!(opening_refused(&closed), Renewal::Broken);
+        let down = etcd_client::Error::WatchError("failed to create lease keeper".into());
+        assert_eq!(opening_refused(&down), Renewal::Broken);
+    }
 }

@@ -176,6 +176,30 @@ impl LocalEtcd {
         }
     }
 
+    /// Freezes the server (SIGSTOP): its sockets stay open and nothing is
+    /// answered, as an etcd starved of CPU; `resume` thaws it.
+    pub fn pause(&self) -> Result<(), String> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) -> Result<(), String> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, which: &str) -> Result<(), String> {
+        let pid = self.etcd.as_ref().ok_or("etcd is not running")?.id();
+        let status = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .map_err(|e| format!("kill {which} {pid}: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill {which} {pid}: {status}"))
+        }
+    }
+
     /// Kills the server (a crash), keeping its data for `restart`.
     pub fn stop(&mut self) {
         for mut child in [self.etcd.take(), self.watchdog.take()]

@@ -107,7 +107,7 @@ pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
         {
             Code::Unavailable
         }
-        etcd_client::Error::GRpcStatus(s) => Code::from_raw(s.code() as i32),
+        etcd_client::Error::GRpcStatus(s) => code_of(Code::from_raw(s.code() as i32), s.message()),
         etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
             Code::InvalidArgument
         }
@@ -116,12 +116,40 @@ pub(super) fn status_of(what: &str, error: etcd_client::Error) -> Status {
     Status::new(code, format!("{what}: {error}"))
 }
 
+/// etcd's answer as PJRT's code. etcd 3.4 sends its "too many requests"
+/// (its apply queue more than 5,000 entries behind, which a large job's
+/// transfer storm reaches) as UNKNOWN: its error table maps it to the
+/// client-side `rpctypes.ErrTooManyRequests`, which is no gRPC status, where
+/// every other error gets its `ErrGRPC…` twin. Taken at its code, a put or a
+/// delete failed at once instead of being asked again (`while_overloaded`).
+fn code_of(code: Code, message: &str) -> Code {
+    match code {
+        Code::Unknown if message == "etcdserver: too many requests" => Code::ResourceExhausted,
+        code => code,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::status::Code;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+
+    #[test]
+    fn etcd_3_4s_too_many_requests_is_overload_whatever_its_code() {
+        // As etcd 3.4.23 sends it (a 64-host all-to-all on the bed met it).
+        let seen = code_of(Code::Unknown, "etcdserver: too many requests");
+        assert_eq!(seen, Code::ResourceExhausted);
+        // As etcd 3.5 sends it, and anything else UNKNOWN, unchanged.
+        let later = code_of(Code::ResourceExhausted, "etcdserver: too many requests");
+        assert_eq!(later, Code::ResourceExhausted);
+        assert_eq!(code_of(Code::Unknown, "etcdserver: other"), Code::Unknown);
+        assert_eq!(
+            code_of(Code::Unavailable, "etcdserver: request timed out"),
+            Code::Unavailable
+        );
+    }
 
     #[test]
     fn an_overloaded_etcd_is_asked_again_and_other_errors_pass_through() {
