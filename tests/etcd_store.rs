@@ -435,6 +435,58 @@ fn a_lease_that_expired_while_etcd_answered_nothing_is_replaced_and_writes_work_
     );
 }
 
+#[test]
+fn an_idle_connection_under_a_long_lease_is_not_closed_by_etcd_for_pinging_too_often() {
+    // Renewals every 10 s: in between etcd sends nothing. A client that
+    // pings more often than etcd's --grpc-keepalive-min-time (5 s) while it
+    // hears nothing gets the connection closed (GOAWAY "too_many_pings" at
+    // the third such ping), and every call and watch on it fails: at a 1 s
+    // interval this store's stream was lost 3 times in 20 s.
+    let server = EtcdServer::start_new();
+    let s = EtcdStore::connect(EtcdConfig {
+        access: Default::default(),
+        endpoints: vec![server.endpoint()],
+        lease_ttl: Duration::from_secs(30),
+        call_timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    let (cb, _rx) = waiter();
+    s.async_get("crosshost/idle/k", None, cb).unwrap();
+    settled(&s);
+    assert_eq!(s.watch_streams_opened(), 1);
+    std::thread::sleep(Duration::from_secs(9)); // idle: the time is the test
+    assert_eq!(
+        s.watch_streams_opened(),
+        1,
+        "the stream was lost while idle"
+    );
+    assert!(s.stream_is_up());
+}
+
+#[test]
+fn a_store_has_at_most_four_writes_at_etcd_and_the_others_wait_their_turn() {
+    let server = EtcdServer::start_new();
+    let s = store(&server, Duration::from_secs(20));
+    server.pause();
+    let (done, outcomes) = crossbeam_channel::unbounded();
+    for i in 0..20 {
+        let done = done.clone();
+        s.set_async(
+            &format!("crosshost/turns/{i}"),
+            b"v",
+            Box::new(move |outcome| done.send(outcome).unwrap()),
+        );
+    }
+    until("four writes at etcd", || s.mutations_at_etcd() == 4);
+    assert!(outcomes.try_recv().is_err(), "nothing answered yet");
+    server.resume();
+    for _ in 0..20 {
+        outcomes.recv_timeout(PATIENCE).unwrap().unwrap();
+    }
+    assert_eq!(s.mutations_at_etcd(), 0, "every turn given back");
+    assert_eq!(server.keys("crosshost/turns/").len(), 20);
+}
+
 // ---------------------------------------------------------------------------
 // The lifecycle regression set, over etcd
 // ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{
     Certificate, Client, ConnectOptions, DeleteOptions, Identity, PutOptions, TlsOptions,
 };
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use super::access::LoadedAccess;
 use super::lease::Lease;
@@ -29,9 +29,24 @@ pub struct EtcdConfig {
     pub call_timeout: Duration,
 }
 
+/// Puts and deletes one store has at etcd at once; the rest wait their turn
+/// here, under the same call bound. Every write is a raft proposal, and etcd
+/// renews a lease only once it has applied every proposal it had committed,
+/// waiting 1 s at most ("waiting for the applied index took too long").
+/// Unbounded, a 64-process all-to-all put 3,000-4,600 proposals ahead of
+/// etcd's apply on a 2-core machine (a few hundred a second there): every
+/// renewal was refused for longer than the lease's TTL, every lease lapsed,
+/// every process was declared gone, and writes failed past etcd's own 7 s
+/// timeout. Bounded, a job's backlog is at most this many per process and a
+/// write waits in this queue rather than in etcd's; a job that starves etcd
+/// for longer than the lease's TTL still needs a longer `etcd_lease_ttl_s`.
+const MUTATIONS_IN_FLIGHT: usize = 4;
+
 pub struct EtcdStore {
     client: Client,
     lease: Arc<Lease>,
+    /// MUTATIONS_IN_FLIGHT permits: one per put or delete at etcd.
+    mutations: Arc<Semaphore>,
     watches: Arc<Watches>,
     stop: watch::Sender<bool>,
     config: EtcdConfig,
@@ -46,7 +61,7 @@ impl EtcdStore {
         let ttl_seconds = config.lease_ttl.as_secs().max(1) as i64;
         let timeout = config.call_timeout;
         let endpoints = config.endpoints.clone();
-        let options = connect_options(&config.access, timeout);
+        let options = connect_options(&config.access, timeout, config.lease_ttl);
         let who = match &config.access.credentials {
             Some((user, _)) => format!(" as user {user:?}"),
             None => String::new(),
@@ -119,6 +134,7 @@ impl EtcdStore {
         Ok(EtcdStore {
             client,
             lease,
+            mutations: Arc::new(Semaphore::new(MUTATIONS_IN_FLIGHT)),
             watches,
             stop,
             config,
@@ -178,9 +194,23 @@ impl EtcdStore {
         self.watches.arms_in_flight()
     }
 
+    /// Puts and deletes this store has at etcd now (at most
+    /// `MUTATIONS_IN_FLIGHT`; the others wait their turn).
+    #[doc(hidden)]
+    pub fn mutations_at_etcd(&self) -> usize {
+        MUTATIONS_IN_FLIGHT - self.mutations.available_permits()
+    }
+
     /// Whether the watch stream is up.
     pub fn stream_is_up(&self) -> bool {
         self.watches.stream_is_up()
+    }
+
+    /// Watch streams opened so far: 1 while the first one lasts, one more
+    /// for each time it was lost and made again.
+    #[doc(hidden)]
+    pub fn watch_streams_opened(&self) -> u64 {
+        self.watches.streams_opened()
     }
 
     /// Test hook: waits on `key` with a watch from `start_revision` and no
@@ -201,7 +231,9 @@ impl EtcdStore {
         let (key, value) = (self.key(key), value.to_vec());
         let lease = self.lease.id();
         let what = format!("etcd put {key}");
+        let mutations = self.mutations.clone();
         async move {
+            let _turn = wait_turn(&mutations, &what).await?;
             runtime::while_overloaded(&what, || {
                 let mut client = client.clone();
                 let (key, value, what) = (key.clone(), value.clone(), what.clone());
@@ -221,7 +253,9 @@ impl EtcdStore {
         let client = self.client.clone();
         let key = self.key(key);
         let what = format!("etcd delete {key}");
+        let mutations = self.mutations.clone();
         async move {
+            let _turn = wait_turn(&mutations, &what).await?;
             runtime::while_overloaded(&what, || {
                 let mut client = client.clone();
                 let (key, what) = (key.clone(), what.clone());
@@ -252,6 +286,19 @@ impl EtcdStore {
     }
 }
 
+/// A permit to write to etcd, first come first served; held until the write
+/// has its answer (retries of an overloaded etcd included).
+async fn wait_turn<'a>(
+    mutations: &'a Semaphore,
+    what: &str,
+) -> Result<tokio::sync::SemaphorePermit<'a>> {
+    // Never closed: an error here is a bug, reported, not a panic.
+    mutations
+        .acquire()
+        .await
+        .map_err(|e| status::internal(format!("{what}: {e}")))
+}
+
 /// Writes, reads and deletes one key under the job's prefix, so that a user
 /// whose role does not grant it fails creation, not the job's first transfer.
 async fn check_access(client: &mut Client, prefix: &str, lease: i64) -> Result<()> {
@@ -272,11 +319,33 @@ async fn check_access(client: &mut Client, prefix: &str, lease: i64) -> Result<(
     Ok(())
 }
 
+/// How often the connection to etcd pings it while it hears nothing: etcd
+/// closes a connection whose pings come more often than its
+/// `--grpc-keepalive-min-time` (5 s unless set) with nothing sent back in
+/// between (GOAWAY "too_many_pings" at the third), which is just when etcd is
+/// too busy to answer. At 1 s a 64-host all-to-all on a 2-core machine had
+/// every process's connection closed under it, thousands of times, and every
+/// call and watch on it failed.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long a ping may go unanswered before the connection is taken for
+/// dead: half the lease's TTL, at least 2 s. A starved etcd (or a starved
+/// process) answers late, and a connection dropped for that fails every
+/// call and wait on it (2 s did that to thousands of puts in the same run).
+/// Calls keep their own bound (`kv_call_timeout_ms`).
+fn keep_alive_timeout(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 2).max(Duration::from_secs(2))
+}
+
 /// Keep-alives, bounds, and the access options: TLS and RBAC credentials.
-fn connect_options(access: &LoadedAccess, timeout: Duration) -> ConnectOptions {
+fn connect_options(
+    access: &LoadedAccess,
+    timeout: Duration,
+    lease_ttl: Duration,
+) -> ConnectOptions {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(timeout.min(Duration::from_secs(5)))
-        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+        .with_keep_alive(KEEP_ALIVE_INTERVAL, keep_alive_timeout(lease_ttl))
         .with_keep_alive_while_idle(true);
     if let Some(tls) = &access.tls {
         let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
@@ -384,5 +453,26 @@ impl Drop for EtcdStore {
                 self.lease.ttl()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unanswered_ping_drops_the_connection_after_half_the_lease_never_before_2_s() {
+        assert_eq!(
+            keep_alive_timeout(Duration::from_secs(10)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            keep_alive_timeout(Duration::from_secs(60)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            keep_alive_timeout(Duration::from_secs(2)),
+            Duration::from_secs(2)
+        );
     }
 }

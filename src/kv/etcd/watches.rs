@@ -129,6 +129,8 @@ struct State {
     next_watch_id: i64,
     /// Generation of the live stream; `None` while there is none.
     stream: Option<u64>,
+    /// Streams opened so far (the last generation).
+    opened: u64,
     last_error: String,
     lost: HashSet<u32>,
     writer_of: Option<WriterOf>,
@@ -344,6 +346,10 @@ impl Watches {
 
     pub(super) fn stream_is_up(&self) -> bool {
         self.state.lock().stream.is_some()
+    }
+
+    pub(super) fn streams_opened(&self) -> u64 {
+        self.state.lock().opened
     }
 
     pub(super) fn cancel(&self, key: &str, id: WaiterId) -> bool {
@@ -593,6 +599,7 @@ impl Watches {
             {
                 let mut state = self.state.lock();
                 state.stream = Some(generation);
+                state.opened = generation;
                 let keys: Vec<String> = state.keys.keys().cloned().collect();
                 if generation > 1 {
                     log::info!(
