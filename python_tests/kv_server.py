@@ -129,41 +129,53 @@ class KvStoreError(RuntimeError):
 
 
 class KvClient:
-    """Thread-safe client: one connection per calling thread."""
+    """Thread-safe client: a pool of connections, one per call in flight.
+
+    Not one per calling thread: the plugin calls its KV callbacks from its
+    own threads, and ctypes gives each such call a Python thread state of
+    its own, so a thread-local connection was a new connection per call,
+    kept until the client closed. In a 300-process job process 0 held about
+    two per peer that way (600 of its 652 fds), which said nothing about the
+    plugin."""
 
     def __init__(self, address):
         self.address = tuple(address)
-        self._local = threading.local()
+        self._idle: list[socket.socket] = []
         self._all = []
         self._lock = threading.Lock()
 
-    def _sock(self) -> socket.socket:
-        s = getattr(self._local, "sock", None)
-        if s is None:
-            s = socket.create_connection(self.address, timeout=10)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._local.sock = s
-            with self._lock:
-                self._all.append(s)
+    def _take(self) -> socket.socket:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        s = socket.create_connection(self.address, timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            self._all.append(s)
         return s
 
     def _call(self, op: str, key: str, value: bytes = b"", timeout_ms: int = 0):
         k = key.encode()
         msg = op.encode() + struct.pack("<I", len(k)) + k + struct.pack("<I", len(value))
         msg += value + struct.pack("<i", int(min(timeout_ms, 2**31 - 1)))
-        s = self._sock()
+        s = self._take()
         s.settimeout(max(0, timeout_ms) / 1000.0 + 10)
         try:
             s.sendall(msg)
             status, n = struct.unpack("<BI", _recv_exact(s, 5))
             payload = _recv_exact(s, n)
         except BaseException:
-            self._local.sock = None
+            # Mid-message: the connection cannot be used again.
+            with self._lock:
+                if s in self._all:
+                    self._all.remove(s)
             try:
                 s.close()
             except OSError:
                 pass
             raise
+        with self._lock:
+            self._idle.append(s)
         if status == FAILED:
             raise KvStoreError(payload.decode())
         return status, payload
@@ -196,3 +208,4 @@ class KvClient:
                 except OSError:
                     pass
             self._all.clear()
+            self._idle.clear()
