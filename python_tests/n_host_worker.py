@@ -140,7 +140,9 @@ class Job:
         events = self.xh.send(
             self.client, srcs, [self.ids[p] for p in to for _ in range(n)],
             [pair_id(round_no, self.node, p, i) for p in to for i in range(n)])
-        out = {"sends": {}, "receives": {}, "bad_bytes": []}
+        # checked_bytes: bytes compared with what the sender wrote (a test
+        # can tell a check that never ran from one that passed).
+        out = {"sends": {}, "receives": {}, "bad_bytes": [], "checked_bytes": 0}
         for k, ev in enumerate(events):
             peer = to[k // n]
             try:
@@ -162,6 +164,7 @@ class Job:
                 want = th.make_data(spec, pair_id(round_no, peer, self.node, i)).view(np.uint8)
                 if not np.array_equal(got, want):
                     out["bad_bytes"].append([peer, i])
+                out["checked_bytes"] += int(want.size)
             else:
                 out["receives"].setdefault(str(peer), []).append(outcome)
         out["sent"] = len(events)
