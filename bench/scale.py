@@ -281,7 +281,7 @@ def main() -> None:
             print(f"N={n} ({row['processes']} processes): created in {row['create_s']:.2f} s, "
                   f"{what} {row['a2a_s']:.2f} s", flush=True)
     print()
-    print("per process, mean over the N: c: after creation, a: after the all-to-all round; fds, "
+    print(f"per process, mean over the N: c: after creation, a: after the {what} round; fds, "
           "threads, RSS MiB, established TCP connections to other hosts (tcp) and to the store host (+st)")
     print(table(rows))
     print("a, b: least squares a + b*(N-1)")
