@@ -10,10 +10,12 @@ receives for a batch of arrays from process 0, then tells process 0 to send.
 
 MODE
 ``gil``
-    Process 1 holds the GIL from the moment it tells process 0 to send (a
-    huge switch interval, metrics read through ``ctypes.PyDLL``, which keeps
-    the GIL) until its metrics count every byte received. Readiness must not
-    need Python; the deletes, which do, must all come after it.
+    Process 1 holds the GIL from before it tells process 0 to send (a huge
+    switch interval; the go signal written to a FIFO and the metrics read
+    through ``ctypes.PyDLL``, which keep the GIL: JAX's ``key_value_set``
+    would release it while process 0 may already be sending) until its
+    metrics count every byte received. Readiness must not need Python; the
+    deletes, which do, must all come after it.
 ``failing``
     JAX's ``key_value_delete`` raises: every delete fails, is counted, and
     the buffers' status and bytes stand.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import threading
 import time
@@ -70,6 +73,31 @@ def metrics_holding_the_gil(library: str) -> dict:
         free(raw)
 
 
+def go_fifo(out_path: str) -> str:
+    """The FIFO process 1 says "send" through in ``gil`` mode (both make it;
+    the second finds it there)."""
+    path = os.path.join(os.path.dirname(out_path), "delete-route-go.fifo")
+    try:
+        os.mkfifo(path)
+    except FileExistsError:
+        pass
+    return path
+
+
+def say_go_holding_the_gil(path: str) -> None:
+    libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held in each call
+    libc.open.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    fd = libc.open(path.encode(), os.O_WRONLY)  # blocks until process 0 reads
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), f"cannot open {path}")
+    try:
+        if libc.write(fd, b"1", 1) != 1:
+            raise OSError(ctypes.get_errno(), f"cannot write {path}")
+    finally:
+        libc.close(fd)
+
+
 def main() -> int:
     process_id, port, out_path, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     result: dict = {"process_id": process_id, "mode": mode, "errors": [], "bad": []}
@@ -96,16 +124,23 @@ def main() -> int:
         total = sum(int(e.nbytes) for e in expected)
         shardings = [SingleDeviceSharding(dst)] * len(expected)
         xs = [jax_job.source_array(process_id, e, src) for e in expected]
+        fifo = go_fifo(out_path) if mode == "gil" else None
         if process_id == 0:
-            kv.blocking_key_value_get("crosshost_test_go", BARRIER_TIMEOUT_MS)
+            if fifo:
+                with open(fifo, "rb") as go:
+                    go.read(1)
+            else:
+                kv.blocking_key_value_get("crosshost_test_go", BARRIER_TIMEOUT_MS)
             jax.device_put(xs, shardings)
         else:
             ys = jax.device_put(xs, shardings)  # the receives are posted
-            kv.key_value_set("crosshost_test_go", "1")
-            if mode == "gil":
+            if not fifo:
+                kv.key_value_set("crosshost_test_go", "1")
+            else:
                 old = sys.getswitchinterval()
                 sys.setswitchinterval(1000.0)
                 try:
+                    say_go_holding_the_gil(fifo)
                     started = time.monotonic()
                     while True:
                         m = metrics_holding_the_gil(plugin.registered_library())
