@@ -141,7 +141,13 @@ class NHostJob:
             except TimeoutError:
                 log = proc.log.read_text(errors="replace")[-4000:]
                 raise AssertionError(f"node {node} gave no result in time:\n{log}") from None
-            out[node] = json.loads(line)
+            try:
+                out[node] = json.loads(line)
+            except ValueError:
+                # Something besides the worker wrote to its stdout (a
+                # library's abort message, say): a failure, with its log.
+                log = proc.log.read_text(errors="replace")[-4000:]
+                raise AssertionError(f"node {node} gave no result but {line[:500]!r}:\n{log}") from None
             assert "error" not in out[node], f"node {node} failed:\n{out[node]['error']}"
         return out
 

@@ -157,8 +157,9 @@ def receiver(api, xh, client, ch, cfg):
 
 def rounds(api, xh, client, ch, cfg):
     """Transfers on command, one a line of stdin (``{"round": k, "len":
-    n}``), each answered on stdout with its outcome and how long it took:
-    the test cuts and heals the bed's link between them (test_bed_faults.py).
+    n}``, or ``"lens": [n, ...]`` for a batch of buffers in one call),
+    each answered on stdout with its outcome and how long it took: the test
+    cuts and heals the bed's link between them (test_bed_faults.py).
     Nothing goes through the KV store after creation, since the faults cut
     host b from it too."""
     node = cfg["node"]
@@ -167,29 +168,42 @@ def rounds(api, xh, client, ch, cfg):
     print(json.dumps({"ready": node}), flush=True)
     for line in sys.stdin:
         order = json.loads(line)
-        k, length = order["round"], order["len"]
-        s = th.spec(BT.U8, length)
+        k = order["round"]
+        batch = "lens" in order
+        lengths = order["lens"] if batch else [order["len"]]
+        specs = [th.spec(BT.U8, n) for n in lengths]
+        # One key and one seed per buffer (a lone buffer keeps round k's).
+        keys = [1000 + k] if not batch else [100_000 + 64 * k + i for i in range(len(specs))]
+        seeds = [SEED + key for key in keys] if batch else [SEED + k]
         # Timed from the call that starts the transfer's own deadline to its
         # outcome: making and uploading 64 MiB, or reading it back, is not
         # the transfer's time.
         if node == 1:
             started = time.monotonic()
-            (buf,) = xh.receive(client, device, [s], [peer_device], [1000 + k])
-            status = th.buffer_status(buf, timeout=120)
+            bufs = xh.receive(client, device, specs, [peer_device] * len(specs), keys)
+            statuses = [th.buffer_status(b, timeout=120) for b in bufs]
             seconds = time.monotonic() - started
-            same = None
-            if status is None:
-                got = th.read_back(buf, s)
-                same = bool(np.array_equal(got.view(np.uint8), th.make_data(s, SEED + k).view(np.uint8)))
+            same = []
+            for b, s, seed, status in zip(bufs, specs, seeds, statuses):
+                if status is None:
+                    got = th.read_back(b, s)
+                    same.append(bool(np.array_equal(got.view(np.uint8), th.make_data(s, seed).view(np.uint8))))
+                else:
+                    same.append(None)
         else:
-            src = th.upload(client, device, s, th.make_data(s, SEED + k))
+            srcs = [th.upload(client, device, s, th.make_data(s, seed)) for s, seed in zip(specs, seeds)]
             started = time.monotonic()
-            (ev,) = xh.send(client, [src], [peer_device], [1000 + k])
-            status = th.wait_event(ev, timeout=120)
+            events = xh.send(client, srcs, [peer_device] * len(specs), keys)
+            statuses = [th.wait_event(e, timeout=120) for e in events]
             seconds = time.monotonic() - started
-            same = None
-        print(json.dumps({"round": k, "outcome": status_code(status), "same": same,
-                          "seconds": seconds}), flush=True)
+            same = [None] * len(specs)
+        outcomes = [status_code(status) for status in statuses]
+        if batch:
+            answer = {"round": k, "outcomes": outcomes, "same": same}
+        else:
+            answer = {"round": k, "outcome": outcomes[0], "same": same[0]}
+        answer["seconds"] = seconds
+        print(json.dumps(answer), flush=True)
     return {"rounds": "done", "metrics": th.metrics(client)}
 
 

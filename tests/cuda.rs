@@ -474,6 +474,214 @@ fn a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_
     Ok(Verdict::Passed)
 }
 
+// ------------------- the cross-node path: staged (issue #38) -------------------
+
+/// A GPU buffer's bytes through the pinned staging ring both ways: device
+/// to host into pinned slots (a send), host to device out of them (a
+/// receive), every byte checked, the copies asynchronous.
+fn staged_copies_through_pinned_slots_round_trip() -> TestResult {
+    use pjrt_crosshost::backend::cuda::{pinned_bytes_held, CudaMemory};
+    use pjrt_crosshost::backend::{Allocation, MemoryCounters};
+    use pjrt_crosshost::transport::staging::{
+        CudaCopy, StagedDestination, Staging, StagingConfig, Stop,
+    };
+    let backend = require_cuda!();
+    let device = backend.device(0).map_err(|e| e.to_string())?.clone();
+    let len = (5 << 20) + 4097;
+    let data = pattern(len, 11);
+    let counters = Arc::new(MemoryCounters::default());
+    let source: Allocation = Arc::new(
+        CudaMemory::allocate(device.clone(), len, counters.clone()).map_err(|e| e.to_string())?,
+    );
+    source.write(0, &data).map_err(|e| e.to_string())?;
+    let staging = Staging::new(StagingConfig {
+        chunk_bytes: 1 << 20,
+        ring_depth: 3,
+        pinned: true,
+        ..StagingConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let copier = CudaCopy::new(source).map_err(|e| e.to_string())?;
+    let mut sent = Vec::with_capacity(len);
+    let chunks = staging
+        .send(
+            &copier,
+            0,
+            len,
+            &mut |chunk: &[u8]| {
+                sent.extend_from_slice(chunk);
+                Ok(())
+            },
+            &Stop::new(),
+            PATIENCE,
+        )
+        .map_err(|e| e.to_string())?;
+    check!(chunks == 6, "{chunks} chunks sent");
+    check!(sent == data, "the staged send's bytes differ");
+    let target: Allocation =
+        Arc::new(CudaMemory::allocate(device, len, counters).map_err(|e| e.to_string())?);
+    let staged = StagedDestination::device(
+        Arc::new(CudaCopy::new(target.clone()).map_err(|e| e.to_string())?),
+        staging.clone(),
+    );
+    let mut at = 0;
+    staged
+        .receive(
+            0,
+            len,
+            &mut |into: &mut [u8]| {
+                into.copy_from_slice(&data[at..at + into.len()]);
+                at += into.len();
+                Ok(())
+            },
+            PATIENCE,
+        )
+        .map_err(|e| e.to_string())?;
+    // `receive` returned: the last host-to-device copy completed.
+    let mut back = vec![0u8; len];
+    target.read(0, &mut back).map_err(|e| e.to_string())?;
+    check!(back == data, "the staged receive's bytes differ");
+    check!(
+        staging.bytes_held() > 0 && staging.bytes_held() <= 2 * 3 * (1 << 20),
+        "staging holds {} bytes",
+        staging.bytes_held()
+    );
+    check!(
+        pinned_bytes_held() >= staging.bytes_held(),
+        "the slots are pinned"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// Two clients of one job in this process, node 0 on `sender_backend` and
+/// node 1 on `receiver_backend`, every transfer over `transport`.
+fn two_clients_over(
+    name: &str,
+    transport: &str,
+    sender_backend: &str,
+    receiver_backend: &str,
+) -> Result<(Arc<Client>, Arc<Client>), String> {
+    let make = |node: i64, backend: &str| {
+        let options = options(&[
+            ("backend", s(backend)),
+            ("num_devices", OptionValue::Int(1)),
+            ("kv_store", s(&format!("memory:{name}"))),
+            ("session", s(name)),
+            ("transport", s(transport)),
+            ("receive_timeout_ms", OptionValue::Int(30_000)),
+            ("send_timeout_ms", OptionValue::Int(30_000)),
+            ("node_id", OptionValue::Int(node)),
+            ("num_nodes", OptionValue::Int(2)),
+        ]);
+        std::thread::spawn(move || Client::create(options))
+    };
+    let (a, b) = (make(0, sender_backend), make(1, receiver_backend));
+    let a = a
+        .join()
+        .map_err(|_| "client 0 panicked")?
+        .map_err(|e| e.to_string())?;
+    let b = b
+        .join()
+        .map_err(|_| "client 1 panicked")?
+        .map_err(|e| e.to_string())?;
+    Ok((a, b))
+}
+
+/// A v2 transfer as from another node (`transport` forbids CUDA IPC):
+/// every byte lands, every receive retires, and each nonzero buffer went
+/// through the staging ring on each CUDA side.
+fn staged_transfer(
+    transport: &str,
+    sender_backend: &str,
+    receiver_backend: &str,
+) -> Result<(), String> {
+    let name = format!("cuda-staged-{transport}-{sender_backend}-{receiver_backend}");
+    let (sender, receiver) = two_clients_over(&name, transport, sender_backend, receiver_backend)?;
+    let src_device = sender.addressable_devices().next().unwrap().clone();
+    let dst_device = receiver.addressable_devices().next().unwrap().clone();
+    let sizes = [(4 << 20) + 1, 0, 4096, 1, 64 << 20];
+    let data = patterns(&sizes);
+    let specs = u8_receive_specs(&sizes, src_device.global_id, 500);
+    let received: Vec<_> = receiver
+        .cross_host_receive(&dst_device, specs, None, "t")
+        .map_err(|e| format!("receive (no longer UNIMPLEMENTED): {e}"))?
+        .into_iter()
+        .filter_map(|b| b.into_embedded())
+        .collect();
+    let sources = data
+        .iter()
+        .map(|d| upload(&sender, &src_device, d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let keys: Vec<i64> = (0..sizes.len()).map(|i| 500 + i as i64).collect();
+    let sent = sender
+        .cross_host_send(
+            sources.into_iter().map(Into::into).collect(),
+            &vec![dst_device.global_id; sizes.len()],
+            &keys,
+            None,
+            "t",
+        )
+        .map_err(|e| e.to_string())?;
+    for (i, f) in sent.iter().enumerate() {
+        f.wait_timeout(PATIENCE)
+            .ok_or(format!("send {i} never finished"))?
+            .map_err(|e| format!("send {i}: {e}"))?;
+    }
+    for (i, b) in received.iter().enumerate() {
+        check_bytes(download(b)?, &data[i], i)?;
+    }
+    eventually("every receive is retired", || {
+        receiver.transfers().outstanding_receives() == 0
+    })?;
+    let route = if transport == "tcp" { 1 } else { 2 };
+    let nonzero = sizes.iter().filter(|&&n| n > 0).count() as u64;
+    for (side, client, backend) in [
+        ("sender", &sender, sender_backend),
+        ("receiver", &receiver, receiver_backend),
+    ] {
+        let staged = client.transfers().metrics().snapshot().routes[route].transfers_staged;
+        if backend == "cuda" {
+            check_staged(side, staged, nonzero)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_bytes(got: Vec<u8>, want: &[u8], i: usize) -> Result<(), String> {
+    check!(got == want, "buffer {i} differs");
+    Ok(())
+}
+
+fn check_staged(side: &str, staged: u64, at_least: u64) -> Result<(), String> {
+    check!(
+        staged >= at_least,
+        "the {side} staged {staged} transfers, expected {at_least}"
+    );
+    Ok(())
+}
+
+fn a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_tcp() -> TestResult {
+    require_cuda!();
+    staged_transfer("tcp", "cuda", "cuda")?;
+    Ok(Verdict::Passed)
+}
+
+fn a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_ucx() -> TestResult {
+    require_cuda!();
+    if let Err(e) = pjrt_crosshost::transport::ucx::load(None) {
+        return Ok(Verdict::Skipped(format!("no UCX: {}", e.message)));
+    }
+    staged_transfer("ucx", "cuda", "cuda")?;
+    Ok(Verdict::Passed)
+}
+
+fn host_to_gpu_and_gpu_to_host_across_nodes_stage_on_the_gpu_side() -> TestResult {
+    require_cuda!();
+    staged_transfer("tcp", "host", "cuda")?;
+    staged_transfer("tcp", "cuda", "host")?;
+    Ok(Verdict::Passed)
+}
+
 // --------------------------------- harness ------------------------------------
 
 fn main() {
@@ -517,6 +725,22 @@ fn main() {
         (
             "a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_is_not",
             a_succeeded_receive_s_memory_is_reused_with_its_handle_and_a_cancelled_one_s_is_not,
+        ),
+        (
+            "staged_copies_through_pinned_slots_round_trip",
+            staged_copies_through_pinned_slots_round_trip,
+        ),
+        (
+            "a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_tcp",
+            a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_tcp,
+        ),
+        (
+            "a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_ucx",
+            a_gpu_buffer_from_another_node_lands_through_the_staging_ring_over_ucx,
+        ),
+        (
+            "host_to_gpu_and_gpu_to_host_across_nodes_stage_on_the_gpu_side",
+            host_to_gpu_and_gpu_to_host_across_nodes_stage_on_the_gpu_side,
         ),
     ];
     let filter: Vec<String> = std::env::args()

@@ -673,7 +673,12 @@ impl Client {
                     .max_pending_send_bytes
                     .unwrap_or_else(default_max_pending_send_bytes),
                 completion_keys_local: peer_store.is_some(),
-                staging: options.staging.clone(),
+                // A CUDA client's rings are pinned: its buffers cross nodes
+                // through them (transport/staging/).
+                staging: crate::transport::staging::StagingConfig {
+                    pinned: cuda_client,
+                    ..options.staging.clone()
+                },
                 metrics: Some(metrics),
                 ..TransferConfig::default()
             },

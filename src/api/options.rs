@@ -119,8 +119,8 @@ pub struct ClientOptions {
     pub max_pending_send_bytes: Option<u64>,
     /// Upper bound of the receive-side pool of pre-faulted shared memory.
     pub shm_pool_bytes: usize,
-    /// `staging_chunk_bytes`, `staging_ring_depth` and
-    /// `stage_host_transfers` (transport/staging/).
+    /// `staging_chunk_bytes`, `staging_ring_depth`,
+    /// `stage_host_transfers` and `max_pinned_bytes` (transport/staging/).
     pub staging: crate::transport::staging::StagingConfig,
     /// `max_peer_connections` and `peer_idle_timeout_ms`: the connections
     /// this process keeps toward its peers, made on first use
@@ -172,7 +172,7 @@ impl Default for ClientOptions {
 
 const CONTEXT: &str = "PJRT_Client_Create";
 const KNOWN: &str = "num_devices, backend, node_id, num_nodes, session, kv_store, transport, \
-                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, staging_chunk_bytes, staging_ring_depth, stage_host_transfers, max_receive_bytes, max_pending_send_bytes, max_peer_connections, peer_idle_timeout_ms, \
+                     advertise_address, tcp_bind, coordinator_address, ucx_library, job_secret_file, receive_timeout_ms, send_timeout_ms, session_timeout_ms, kv_call_timeout_ms, etcd_lease_ttl_s, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file, etcd_key_prefix, shm_pool_bytes, staging_chunk_bytes, staging_ring_depth, stage_host_transfers, max_pinned_bytes, max_receive_bytes, max_pending_send_bytes, max_peer_connections, peer_idle_timeout_ms, \
                      compute_plugin, compute.<option of the compute plugin>";
 
 fn expect_int(name: &str, value: &OptionValue) -> Result<i64> {
@@ -352,6 +352,10 @@ impl ClientOptions {
                 "staging_ring_depth" => {
                     parsed.staging.ring_depth = expect_range(name, value, 1, 1024)? as usize
                 }
+                "max_pinned_bytes" => {
+                    parsed.staging.max_pinned_bytes =
+                        expect_range(name, value, 4096, 1 << 40)? as usize
+                }
                 "stage_host_transfers" => {
                     parsed.staging.stage_host_transfers = match value {
                         OptionValue::Bool(b) => *b,
@@ -389,6 +393,13 @@ impl ClientOptions {
             }
             _ => {}
         }
+        if parsed.staging.max_pinned_bytes < parsed.staging.chunk_bytes {
+            return Err(invalid_argument(format!(
+                "{CONTEXT}: max_pinned_bytes ({}) must hold at least one staging chunk \
+                 (staging_chunk_bytes = {})",
+                parsed.staging.max_pinned_bytes, parsed.staging.chunk_bytes
+            )));
+        }
         if parsed.node_id as usize >= parsed.num_nodes {
             return Err(invalid_argument(format!(
                 "{CONTEXT}: node_id {} must be below num_nodes {}",
@@ -407,6 +418,30 @@ mod tests {
     fn unknown_options_are_named_in_the_error() {
         let err = ClientOptions::parse(&[("bogus".into(), OptionValue::Int(1))]).unwrap_err();
         assert!(err.message.contains("bogus"), "{}", err.message);
+    }
+
+    #[test]
+    fn max_pinned_bytes_bounds_the_pinned_staging_and_holds_at_least_one_chunk() {
+        let defaults = ClientOptions::default().staging;
+        assert_eq!(defaults.max_pinned_bytes, 128 << 20);
+        assert!(!defaults.pinned, "only a CUDA client's rings are pinned");
+        let o = ClientOptions::parse(&[
+            ("max_pinned_bytes".into(), OptionValue::Int(64 << 20)),
+            ("staging_chunk_bytes".into(), OptionValue::Int(1 << 20)),
+        ])
+        .unwrap();
+        assert_eq!(o.staging.max_pinned_bytes, 64 << 20);
+        let too_small = ClientOptions::parse(&[
+            ("max_pinned_bytes".into(), OptionValue::Int(1 << 20)),
+            ("staging_chunk_bytes".into(), OptionValue::Int(2 << 20)),
+        ])
+        .unwrap_err();
+        assert!(
+            too_small.message.contains("max_pinned_bytes")
+                && too_small.message.contains("staging_chunk_bytes"),
+            "{too_small}"
+        );
+        assert!(ClientOptions::parse(&[("max_pinned_bytes".into(), OptionValue::Int(0))]).is_err());
     }
 
     #[test]

@@ -35,13 +35,16 @@ impl ByteRoute {
     }
 }
 
-/// Bytes and buffers one transport moved, each way.
+/// Bytes and buffers one transport moved, each way, and of those the ones
+/// that went through this client's staging pipeline (either side).
 #[derive(Default, Debug)]
 struct RouteCounters {
     bytes_sent: AtomicU64,
     transfers_sent: AtomicU64,
     bytes_received: AtomicU64,
     transfers_received: AtomicU64,
+    bytes_staged: AtomicU64,
+    transfers_staged: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,6 +53,9 @@ pub struct RouteSnapshot {
     pub transfers_sent: u64,
     pub bytes_received: u64,
     pub transfers_received: u64,
+    /// Sent or received through this client's staging ring.
+    pub bytes_staged: u64,
+    pub transfers_staged: u64,
 }
 
 /// Counters. `keys_outstanding` is derived: keys this client created in the
@@ -135,6 +141,14 @@ impl Metrics {
         counters.transfers_received.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One buffer of `bytes` moved over `route` went through this client's
+    /// staging pipeline (sent or received).
+    pub fn staged_over(&self, route: ByteRoute, bytes: u64) {
+        let counters = &self.routes[route.index()];
+        counters.bytes_staged.fetch_add(bytes, Ordering::Relaxed);
+        counters.transfers_staged.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> MetricsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let route = |r: &RouteCounters| RouteSnapshot {
@@ -142,6 +156,8 @@ impl Metrics {
             transfers_sent: get(&r.transfers_sent),
             bytes_received: get(&r.bytes_received),
             transfers_received: get(&r.transfers_received),
+            bytes_staged: get(&r.bytes_staged),
+            transfers_staged: get(&r.transfers_staged),
         };
         let keys_created = get(&self.keys_created);
         let keys_deleted = get(&self.keys_deleted);
@@ -174,7 +190,7 @@ impl Metrics {
 
 impl MetricsSnapshot {
     /// A JSON object: the counters as integers, keys in a fixed order, then
-    /// `transports`, an object per transport with its four counters and the
+    /// `transports`, an object per transport with its six counters and the
     /// `(name, text)` labels given for it (e.g. UCX's lanes). `gauges` are
     /// levels read now (bytes held against a bound, the bound), after the
     /// counters.
@@ -203,8 +219,13 @@ impl MetricsSnapshot {
             .zip(&self.routes)
             .map(|(route, r)| {
                 let mut entry = format!(
-                    "\"bytes_sent\":{},\"transfers_sent\":{},\"bytes_received\":{},\"transfers_received\":{}",
-                    r.bytes_sent, r.transfers_sent, r.bytes_received, r.transfers_received
+                    "\"bytes_sent\":{},\"transfers_sent\":{},\"bytes_received\":{},\"transfers_received\":{},\"bytes_staged\":{},\"transfers_staged\":{}",
+                    r.bytes_sent,
+                    r.transfers_sent,
+                    r.bytes_received,
+                    r.transfers_received,
+                    r.bytes_staged,
+                    r.transfers_staged
                 );
                 for (_, name, text) in labels.iter().filter(|(l, _, _)| l == route) {
                     entry.push_str(&format!(",\"{name}\":\"{}\"", json_escape(text)));
@@ -265,6 +286,7 @@ mod tests {
         m.sent_over(ByteRoute::Ucx, 4096);
         m.sent_over(ByteRoute::Ucx, 10);
         m.received_over(ByteRoute::SharedMemory, 7);
+        m.staged_over(ByteRoute::Ucx, 10);
         let s = m.snapshot();
         assert_eq!(s.routes[2].bytes_sent, 4106);
         assert_eq!(s.routes[2].transfers_sent, 2);
@@ -275,7 +297,7 @@ mod tests {
         );
         assert!(
             json.contains(
-                "\"ucx\":{\"bytes_sent\":4106,\"transfers_sent\":2,\"bytes_received\":0,\"transfers_received\":0,\"lanes\":\"tcp/\\\"eth0\\\"\"}"
+                "\"ucx\":{\"bytes_sent\":4106,\"transfers_sent\":2,\"bytes_received\":0,\"transfers_received\":0,\"bytes_staged\":10,\"transfers_staged\":1,\"lanes\":\"tcp/\\\"eth0\\\"\"}"
             ),
             "{json}"
         );

@@ -27,9 +27,15 @@
 //! registered here by handle, and a sender in the receiver's own process
 //! (two clients in one process) copies into the allocation directly.
 //!
-//! Not done yet: destinations for a sender on another node. Those would stage
-//! through pinned host memory onto the TCP transport; a CUDA receive that
-//! would need one is refused with `UNIMPLEMENTED` when it is opened.
+//! A sender on another node (or `transport=tcp|ucx`): the destination is a
+//! plain allocation offered over the network transport, landed through the
+//! client's staging ring of pinned buffers (`transport/staging/`, the
+//! device's copies by `CudaCopy`): the TCP server or UCX lands each chunk in
+//! a ring slot and copies it host-to-device on the device's stream, and the
+//! receipt is applied only once the last copy completed
+//! (`staging_path::landing` decides). Its memory is never reused: a copy
+//! that may still run after a failed receive keeps it (the copy's
+//! completion holds it) and its slot is parked.
 //!
 //! Safe Rust only: the driver calls live in `backend/cuda/`.
 use std::collections::HashMap;
@@ -42,6 +48,9 @@ use super::descriptor::{AllocationHandle, Descriptor, CUDA_IPC_HANDLE_LEN};
 use crate::backend::cuda::{self, CudaBackend, CudaMemory, IpcImport, IPC_HANDLE_LEN};
 use crate::backend::{Allocation, DeviceMemory, DevicePlacement};
 use crate::status::{self, Outcome, Result};
+use crate::transport::auth_token::AuthToken;
+use crate::transport::registry::DestinationRegistry;
+use crate::transport::staging::{CudaCopy, StagedDestination, Staging};
 
 // The descriptor format and the driver agree on the handle size.
 const _: () = assert!(CUDA_IPC_HANDLE_LEN == IPC_HANDLE_LEN);
@@ -58,6 +67,30 @@ pub struct CudaDestination {
     memory: Allocation,
     /// `None` for a zero-sized destination: nothing to map, nothing to copy.
     handle: Option<Handle>,
+    /// Offered over a network transport: staged through the ring.
+    offer: Option<StagedOffer>,
+}
+
+/// A CUDA destination as a network transport reaches it.
+struct StagedOffer {
+    token: AuthToken,
+    registry: Arc<DestinationRegistry>,
+    allocation: AllocationHandle,
+    staged: Arc<StagedDestination>,
+}
+
+/// Where a network transport may reach a CUDA destination (the sender is
+/// on another node, or `transport=tcp|ucx`).
+pub struct NetworkRoute<'a> {
+    pub registry: &'a Arc<DestinationRegistry>,
+    pub token: AuthToken,
+    /// What the descriptor names (the TCP server, or the UCX process with
+    /// the staging chunk size).
+    pub allocation: AllocationHandle,
+    /// The completion key, when this process holds it.
+    pub completion_key: Option<String>,
+    /// The client's staging rings (pinned).
+    pub staging: Option<Arc<Staging>>,
 }
 
 impl CudaDestination {
@@ -69,9 +102,17 @@ impl CudaDestination {
     /// What goes into the descriptor (all-zero handle bytes for a zero-sized
     /// destination; senders never map those).
     pub fn allocation_handle(&self) -> AllocationHandle {
+        if let Some(offer) = &self.offer {
+            return offer.allocation.clone();
+        }
         AllocationHandle::CudaIpc {
             handle: self.handle.unwrap_or([0; IPC_HANDLE_LEN]),
         }
+    }
+
+    /// Whether its bytes land through the staging ring.
+    pub fn is_staged(&self) -> bool {
+        self.offer.is_some()
     }
 
     /// Call once the receive has its terminal outcome: senders in this
@@ -79,6 +120,16 @@ impl CudaDestination {
     /// still hold a mapping; the memory itself lives as long as the buffer.)
     /// After a success the memory may be reused once its buffer is gone.
     pub fn release(&self, outcome: &Outcome) {
+        if let Some(offer) = &self.offer {
+            // No sender may claim it any more, and a pipeline still landing
+            // chunks stops (copies in flight keep the memory until done).
+            offer.registry.unregister(&offer.token);
+            offer.staged.stop(match outcome {
+                Err(reason) => reason.clone(),
+                Ok(()) => status::cancelled("the receive already completed"),
+            });
+            return;
+        }
         if let Some(handle) = &self.handle {
             LOCAL_DESTINATIONS.lock().remove(handle);
         }
@@ -91,25 +142,22 @@ impl CudaDestination {
 }
 
 /// Allocates a receive destination of `byte_size` bytes on `placement`'s
-/// CUDA device and exports it. `use_tcp` (the sender is on another node, or
-/// `transport=tcp`) is `UNIMPLEMENTED` for now.
+/// CUDA device: exported as a CUDA IPC handle for a sender on this node
+/// (`network` is `None`), else offered over `network`, staged.
 pub fn open_destination(
     placement: &DevicePlacement,
     byte_size: usize,
-    use_tcp: bool,
+    network: Option<NetworkRoute<'_>>,
     function: &str,
 ) -> Result<CudaDestination> {
-    if use_tcp {
-        return Err(status::unimplemented(format!(
-            "{function}: receiving into CUDA memory from another node (or with transport=tcp) is not \
-             implemented yet (it needs staging through pinned host memory onto TCP); same-node \
-             senders use CUDA IPC, or create the client with backend=host"
-        )));
+    if let Some(network) = network {
+        return open_staged(placement, byte_size, network, function);
     }
     if byte_size == 0 {
         return Ok(CudaDestination {
             memory: placement.allocate(0)?,
             handle: None,
+            offer: None,
         });
     }
     if placement.backend.name() != "cuda" {
@@ -128,6 +176,62 @@ pub fn open_destination(
     Ok(CudaDestination {
         memory,
         handle: Some(handle),
+        offer: None,
+    })
+}
+
+/// A destination for a sender on another node: device memory landed
+/// through the staging ring by whichever network transport `network` names.
+fn open_staged(
+    placement: &DevicePlacement,
+    byte_size: usize,
+    network: NetworkRoute<'_>,
+    function: &str,
+) -> Result<CudaDestination> {
+    let staging = network.staging.ok_or_else(|| {
+        status::failed_precondition(format!(
+            "{function}: a CUDA buffer from another node lands through pinned staging buffers, \
+             and this client has none (see the log for why they could not be made)"
+        ))
+    })?;
+    let memory = if byte_size == 0 {
+        placement.allocate(0)?
+    } else {
+        if placement.backend.name() != "cuda" {
+            return Err(status::internal(format!(
+                "{function}: a CUDA destination on the {} backend",
+                placement.backend.name()
+            )));
+        }
+        let device = CudaBackend::get()?.device(placement.index)?.clone();
+        let memory: Allocation = Arc::new(CudaMemory::allocate(
+            device,
+            byte_size,
+            placement.counters.clone(),
+        )?);
+        memory
+    };
+    let device: Arc<dyn crate::transport::staging::DeviceCopy> = if byte_size == 0 {
+        // Nothing to copy: an empty host range stands in.
+        Arc::new(crate::transport::staging::HostCopy::new(Arc::new(
+            crate::transport::destination::HeapDestination::new(0),
+        )))
+    } else {
+        Arc::new(CudaCopy::new(memory.clone())?)
+    };
+    let staged = Arc::new(StagedDestination::device(device, staging));
+    network
+        .registry
+        .register_with_key(network.token, staged.clone(), network.completion_key)?;
+    Ok(CudaDestination {
+        memory,
+        handle: None,
+        offer: Some(StagedOffer {
+            token: network.token,
+            registry: network.registry.clone(),
+            allocation: network.allocation,
+            staged,
+        }),
     })
 }
 

@@ -16,7 +16,7 @@
 //! | 2 + n | hostname (UTF-8, 1..=255 bytes) |
 //! | 2 + n | boot id (UTF-8, 1..=64 bytes) |
 //! | 4 | process id |
-//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/crosshost-<pid namespace>-<pid>-<start time>-<32 hex>`, see `transport/shm.rs`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes; UCX = the receiving process's index in the job (u32), whose worker address the sender takes from its own session table |
+//! | 2 + n | allocation handle (1..=256 bytes), per kind: in-process = u64 allocation id; shared memory = object name (`/crosshost-<pid namespace>-<pid>-<start time>-<32 hex>`, see `transport/shm.rs`); TCP = `"ip:port"`; CUDA IPC = the 64 opaque handle bytes; UCX = the receiving process's index in the job (u32), whose worker address the sender takes from its own session table, then, for a destination the receiver lands through its staging ring (`transport/staging/`), the most bytes one chunk message may carry (u32; 4 bytes in all for a destination written directly, 8 for a staged one) |
 //! | 8 | offset of the destination inside the allocation |
 //! | 8 | byte size (offset + size must not overflow) |
 //! | 4 | element type (raw `PJRT_Buffer_Type`) |
@@ -96,8 +96,11 @@ pub enum AllocationHandle {
     Tcp { endpoint: SocketAddr },
     /// An opaque `CUipcMemHandle`.
     CudaIpc { handle: [u8; CUDA_IPC_HANDLE_LEN] },
-    /// The UCX worker of process `process` of the job.
-    Ucx { process: u32 },
+    /// The UCX worker of process `process` of the job. `staged_chunk` > 0:
+    /// the receiver lands the bytes through its staging ring, so they must
+    /// come as chunk messages of at most that many bytes each
+    /// (`transport/ucx/stream.rs`); 0: written directly.
+    Ucx { process: u32, staged_chunk: u32 },
 }
 
 impl AllocationHandle {
@@ -117,7 +120,16 @@ impl AllocationHandle {
             AllocationHandle::SharedMemory { name } => name.as_bytes().to_vec(),
             AllocationHandle::Tcp { endpoint } => endpoint.to_string().into_bytes(),
             AllocationHandle::CudaIpc { handle } => handle.to_vec(),
-            AllocationHandle::Ucx { process } => process.to_le_bytes().to_vec(),
+            AllocationHandle::Ucx {
+                process,
+                staged_chunk,
+            } => {
+                let mut bytes = process.to_le_bytes().to_vec();
+                if *staged_chunk > 0 {
+                    bytes.extend_from_slice(&staged_chunk.to_le_bytes());
+                }
+                bytes
+            }
         }
     }
 
@@ -158,14 +170,22 @@ impl AllocationHandle {
                 Ok(AllocationHandle::CudaIpc { handle })
             }
             TransportKind::Ucx => {
-                let process: [u8; 4] = bytes.try_into().map_err(|_| {
-                    malformed(format!(
-                        "UCX allocation handle must be 4 bytes, got {}",
-                        bytes.len()
-                    ))
-                })?;
+                let u32_at =
+                    |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+                let staged_chunk = match bytes.len() {
+                    4 => 0,
+                    8 if u32_at(4) > 0 => u32_at(4),
+                    _ => {
+                        return Err(malformed(format!(
+                            "UCX allocation handle must be 4 bytes, or 8 with a chunk size above \
+                             0, got {}",
+                            bytes.len()
+                        )))
+                    }
+                };
                 Ok(AllocationHandle::Ucx {
-                    process: u32::from_le_bytes(process),
+                    process: u32_at(0),
+                    staged_chunk,
                 })
             }
         }
@@ -181,7 +201,17 @@ impl fmt::Debug for AllocationHandle {
             AllocationHandle::SharedMemory { name } => write!(f, "SharedMemory({name})"),
             AllocationHandle::Tcp { endpoint } => write!(f, "Tcp({endpoint})"),
             AllocationHandle::CudaIpc { .. } => f.write_str("CudaIpc(<64 bytes>)"),
-            AllocationHandle::Ucx { process } => write!(f, "Ucx(process {process})"),
+            AllocationHandle::Ucx {
+                process,
+                staged_chunk: 0,
+            } => write!(f, "Ucx(process {process})"),
+            AllocationHandle::Ucx {
+                process,
+                staged_chunk,
+            } => write!(
+                f,
+                "Ucx(process {process}, staged in {staged_chunk}-byte chunks)"
+            ),
         }
     }
 }

@@ -188,6 +188,14 @@ pub enum Destination {
 }
 
 impl Destination {
+    /// Whether its bytes land through the staging ring.
+    pub fn is_staged(&self) -> bool {
+        match self {
+            Destination::Host(host) => host.offer.as_ref().is_some_and(|o| o.staged.is_some()),
+            Destination::Cuda(cuda) => cuda.is_staged(),
+        }
+    }
+
     /// The buffer's memory.
     pub fn memory(&self) -> Allocation {
         match self {

@@ -11,6 +11,7 @@ pub mod recv_state;
 pub mod route;
 pub mod service;
 pub mod session;
+pub mod staging_path;
 
 pub use keys::CompletionKey;
 pub use receipt::Receipt;

@@ -13,6 +13,10 @@ use std::fmt;
 /// write, and that those bytes stay mapped until the object is dropped. Rust
 /// code must not hold references into that memory while a transfer may write
 /// it (readers copy out through raw pointers once the transfer completed).
+/// The one exception is a destination whose `staged()` is `Some` and whose
+/// memory is not host memory (a GPU buffer): its pointer is null, and
+/// transports must land its bytes through its pipeline, never through
+/// `as_mut_ptr` (every writer asks `staged()` first).
 pub unsafe trait WritableDestination: Send + Sync {
     fn len(&self) -> usize;
 

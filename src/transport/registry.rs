@@ -12,7 +12,15 @@
 //! with that key's name: a sender that writes it whole may then carry the
 //! receipt in the same message, and the transport applies it once the bytes
 //! are in (UCX, `transport/ucx/`; TCP, `transport/tcp/`).
-use std::collections::HashMap;
+//!
+//! A sender may also write a range of a destination as a stream of chunks
+//! (UCX's chunk messages, `transport/ucx/stream.rs`), from several
+//! connections and in any order: the first chunk claims the range, each
+//! later one must lie in it without overlapping one taken before, and the
+//! token is used up once chunks cover the whole range. The chunks share one
+//! `StreamProgress`, which says when the last byte landed.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use once_cell::sync::OnceCell;
@@ -35,6 +43,56 @@ enum Entry {
         seen: u64,
         landing: Option<Arc<Landing>>,
     },
+    /// Claimed by a sender writing `range` (offset, length) as a stream of
+    /// chunks; `taken` maps each chunk's offset to its length.
+    Streaming {
+        destination: Arc<dyn WritableDestination>,
+        landing: Option<Arc<Landing>>,
+        progress: Arc<StreamProgress>,
+        taken: BTreeMap<u64, u64>,
+        taken_bytes: u64,
+    },
+}
+
+/// How much of a chunked stream has landed, shared by its chunks.
+pub struct StreamProgress {
+    /// The destination range the stream writes.
+    pub offset: u64,
+    pub len: u64,
+    remaining: AtomicU64,
+    failed: AtomicBool,
+}
+
+impl StreamProgress {
+    fn new(offset: u64, len: u64) -> StreamProgress {
+        StreamProgress {
+            offset,
+            len,
+            remaining: AtomicU64::new(len),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// `bytes` more landed; true for the call that landed the last of the
+    /// range (never once the stream failed).
+    pub fn landed(&self, bytes: u64) -> bool {
+        let before = self.remaining.fetch_sub(bytes, Ordering::AcqRel);
+        before == bytes && !self.failed.load(Ordering::Acquire)
+    }
+
+    /// The stream failed; true for the first call only (who says so).
+    pub fn fail(&self) -> bool {
+        !self.failed.swap(true, Ordering::AcqRel)
+    }
+}
+
+/// What a sender's claim of one chunk of a stream gets.
+pub struct ClaimedChunk {
+    pub destination: Arc<dyn WritableDestination>,
+    pub landing: Option<Arc<Landing>>,
+    pub progress: Arc<StreamProgress>,
+    /// The stream's first chunk to be claimed (it claimed the range).
+    pub first: bool,
 }
 
 /// The parts of a destination still to land, and the completion key that a
@@ -150,7 +208,7 @@ impl DestinationRegistry {
     pub fn unregister(&self, token: &AuthToken) -> Option<Arc<dyn WritableDestination>> {
         match self.destinations.lock().remove(token)? {
             Entry::Open(destination, _) => Some(destination),
-            Entry::Parts { .. } => None,
+            Entry::Parts { .. } | Entry::Streaming { .. } => None,
         }
     }
 
@@ -185,6 +243,7 @@ impl DestinationRegistry {
         let entry = destinations.get_mut(token).ok_or_else(refused)?;
         let destination = match entry {
             Entry::Open(destination, _) => destination.clone(),
+            Entry::Streaming { .. } => return Err(refused()),
             Entry::Parts {
                 destination,
                 parts: claimed,
@@ -225,6 +284,7 @@ impl DestinationRegistry {
                 }),
             ),
             Entry::Parts { seen, landing, .. } => (*seen | (1 << part), landing.clone()),
+            Entry::Streaming { .. } => return Err(refused()),
         };
         if seen == all {
             destinations.remove(token);
@@ -240,6 +300,107 @@ impl DestinationRegistry {
             destination,
             landing,
         })
+    }
+
+    /// Takes the chunk of `length` bytes at `offset` of the stream that
+    /// writes `range` (offset, length) of the destination registered under
+    /// `token`. The first chunk claims the range (it must fit the
+    /// destination: OUT_OF_RANGE, nothing claimed); a later one must name
+    /// the same range and overlap no chunk taken before (UNAUTHENTICATED
+    /// otherwise, as for an unknown or used-up token). A chunk is empty
+    /// only in a stream of no bytes. Once chunks cover the range the token
+    /// is used up.
+    pub fn claim_chunk(
+        &self,
+        token: &AuthToken,
+        range: (u64, u64),
+        offset: u64,
+        length: u64,
+    ) -> Result<ClaimedChunk> {
+        let refused = |why: &str| {
+            status::unauthenticated(format!(
+                "no stream of chunks may write this chunk ({why}; or the receive already \
+                 completed or was cancelled)"
+            ))
+        };
+        let (start, len) = range;
+        let inside = start
+            .checked_add(len)
+            .zip(offset.checked_add(length))
+            .is_some_and(|(end, chunk_end)| offset >= start && chunk_end <= end);
+        if !inside || (length == 0 && len > 0) {
+            return Err(status::invalid_argument(format!(
+                "a chunk of {length} bytes at {offset} does not lie in its stream ({len} bytes at \
+                 {start})"
+            )));
+        }
+        let mut destinations = self.destinations.lock();
+        let entry = destinations
+            .get_mut(token)
+            .ok_or_else(|| refused("unknown or used-up token"))?;
+        let first = match entry {
+            Entry::Open(destination, key) => {
+                let fits = start + len <= destination.len() as u64;
+                if !fits {
+                    return Err(Status::new(
+                        Code::OutOfRange,
+                        format!(
+                            "a stream of {len} bytes at offset {start} does not fit the {}-byte \
+                             destination",
+                            destination.len()
+                        ),
+                    ));
+                }
+                let landing = key.take().map(|completion_key| {
+                    Arc::new(Landing {
+                        completion_key,
+                        remaining: std::sync::atomic::AtomicU16::new(1),
+                    })
+                });
+                *entry = Entry::Streaming {
+                    destination: destination.clone(),
+                    landing,
+                    progress: Arc::new(StreamProgress::new(start, len)),
+                    taken: BTreeMap::new(),
+                    taken_bytes: 0,
+                };
+                true
+            }
+            Entry::Parts { .. } => return Err(refused("the destination is written in parts")),
+            Entry::Streaming { progress, .. } if (progress.offset, progress.len) != range => {
+                return Err(refused("another range is being streamed"))
+            }
+            Entry::Streaming { .. } => false,
+        };
+        let Entry::Streaming {
+            destination,
+            landing,
+            progress,
+            taken,
+            taken_bytes,
+        } = entry
+        else {
+            unreachable!("the entry is a stream (made or found above)");
+        };
+        let before = taken.range(..=offset).next_back();
+        let after = taken.range(offset..).next();
+        let overlaps = before.is_some_and(|(&at, &n)| at + n > offset || (at == offset && n == 0))
+            || after.is_some_and(|(&at, _)| at < offset + length || (at == offset));
+        if overlaps {
+            return Err(refused("it overlaps a chunk already taken"));
+        }
+        taken.insert(offset, length);
+        *taken_bytes += length;
+        let claimed = ClaimedChunk {
+            destination: destination.clone(),
+            landing: landing.clone(),
+            progress: progress.clone(),
+            first,
+        };
+        if *taken_bytes == len {
+            destinations.remove(token);
+        }
+        Ok(claimed)
     }
 
     /// Destinations registered or partly claimed.
@@ -293,6 +454,74 @@ mod tests {
         assert!(registry.is_empty());
         assert!(registry.claim_part(&whole, 1, 2, 4, 4).is_err());
         assert!(registry.claim_part(&whole, 5, 2, 0, 4).is_err());
+    }
+
+    #[test]
+    fn a_stream_claims_its_range_then_each_chunk_once_in_any_order() {
+        let registry = DestinationRegistry::new();
+        let token = AuthToken::generate().unwrap();
+        registry
+            .register_with_key(token, Arc::new(HeapDestination::new(100)), Some("k".into()))
+            .unwrap();
+        let outside = registry
+            .claim_chunk(&token, (50, 60), 50, 10)
+            .err()
+            .unwrap();
+        assert_eq!(
+            outside.code,
+            Code::OutOfRange,
+            "the range must fit: {outside}"
+        );
+        let stray = registry.claim_chunk(&token, (10, 80), 5, 10).err().unwrap();
+        assert_eq!(stray.code, Code::InvalidArgument, "{stray}");
+        // Chunks of [10, 90), out of order.
+        let third = registry.claim_chunk(&token, (10, 80), 70, 20).unwrap();
+        assert!(third.first);
+        assert_eq!(third.landing.as_ref().unwrap().completion_key, "k");
+        for (offset, length) in [(65, 10), (80, 5), (60, 15), (70, 20)] {
+            let overlap = registry
+                .claim_chunk(&token, (10, 80), offset, length)
+                .err()
+                .unwrap();
+            assert_eq!(overlap.code, Code::Unauthenticated, "{offset}+{length}");
+        }
+        assert!(
+            registry.claim_chunk(&token, (10, 70), 10, 10).is_err(),
+            "the same range, or nothing"
+        );
+        assert!(registry.claim_part(&token, 0, 1, 0, 100).is_err());
+        let first = registry.claim_chunk(&token, (10, 80), 10, 30).unwrap();
+        assert!(!first.first);
+        assert!(Arc::ptr_eq(&first.progress, &third.progress));
+        assert!(
+            registry.unregister(&token).is_none() && registry.is_empty(),
+            "a stream under way is claimed: its memory may still be written"
+        );
+        // Landing: true once, for the last bytes.
+        assert!(!first.progress.landed(30));
+        assert!(!first.progress.landed(20));
+        assert!(first.progress.landed(30));
+
+        let whole = AuthToken::generate().unwrap();
+        registry
+            .register(whole, Arc::new(HeapDestination::new(8)))
+            .unwrap();
+        let a = registry.claim_chunk(&whole, (0, 8), 4, 4).unwrap();
+        assert_eq!(registry.len(), 1);
+        registry.claim_chunk(&whole, (0, 8), 0, 4).unwrap();
+        assert!(registry.is_empty(), "covered: the token is used up");
+        assert!(registry.claim_chunk(&whole, (0, 8), 0, 4).is_err());
+        assert!(a.progress.fail(), "the first failure is the one told");
+        assert!(!a.progress.fail());
+        assert!(!a.progress.landed(8), "a failed stream never lands");
+
+        let empty = AuthToken::generate().unwrap();
+        registry
+            .register(empty, Arc::new(HeapDestination::new(0)))
+            .unwrap();
+        let nothing = registry.claim_chunk(&empty, (0, 0), 0, 0).unwrap();
+        assert!(nothing.progress.landed(0));
+        assert!(registry.is_empty());
     }
 
     #[test]

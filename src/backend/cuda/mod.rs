@@ -17,16 +17,21 @@
 //! mechanism above this layer. Asynchronous completion (events or
 //! `cuLaunchHostFunc` feeding the definition futures) would overlap copies
 //! with the caller but needs plumbing through the event layer; it is left
-//! for later.
+//! for later. The one exception is staging (`async_copy.rs`, `pinned.rs`):
+//! a chunk's copy between device memory and a pinned ring buffer returns
+//! at once with its own completion, for the staging pipeline of
+//! `transport/staging/` to overlap with the wire.
 //!
 //! Same-node transfers: a receiver exports a destination with
 //! `CudaMemory::ipc_handle` (`cuIpcGetMemHandle`); a sender in another
 //! process maps it with `IpcImport::open` (`cuIpcOpenMemHandle`, one mapping
 //! per handle and device, shared by concurrent users and closed when the last
 //! one drops) and copies into it with `copy_into_import`.
+mod async_copy;
 mod device;
 mod ipc_import;
 mod memory;
+mod pinned;
 mod probe;
 mod shelf;
 
@@ -42,9 +47,11 @@ use crate::pjrt::named_values::NamedValue;
 use crate::status::panic_message;
 use crate::status::{self, Code, Result, Status};
 
+pub use async_copy::*;
 pub use device::*;
 pub use ipc_import::*;
 pub use memory::*;
+pub use pinned::*;
 use probe::probe;
 use shelf::Shelf;
 

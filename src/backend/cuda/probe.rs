@@ -38,6 +38,9 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuLaunchHostFunc",
 ];
 
 /// Checks that the driver library loads and has every symbol we use.

@@ -33,7 +33,14 @@ fn all_kinds() -> Vec<Descriptor> {
             endpoint: "[::1]:80".parse().unwrap(),
         }),
         sample(AllocationHandle::CudaIpc { handle: [3; 64] }),
-        sample(AllocationHandle::Ucx { process: 7 }),
+        sample(AllocationHandle::Ucx {
+            process: 7,
+            staged_chunk: 0,
+        }),
+        sample(AllocationHandle::Ucx {
+            process: 7,
+            staged_chunk: 4 << 20,
+        }),
     ]
 }
 
@@ -56,6 +63,28 @@ fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
     let checksum = crc32(&bytes);
     bytes.extend_from_slice(&checksum.to_le_bytes());
     bytes
+}
+
+#[test]
+fn a_ucx_handle_is_four_bytes_or_eight_with_a_chunk_size() {
+    let direct = AllocationHandle::Ucx {
+        process: 3,
+        staged_chunk: 0,
+    };
+    assert_eq!(direct.to_wire(), 3u32.to_le_bytes());
+    let staged = AllocationHandle::Ucx {
+        process: 3,
+        staged_chunk: 4096,
+    };
+    assert_eq!(staged.to_wire().len(), 8);
+    assert_eq!(
+        AllocationHandle::from_wire(TransportKind::Ucx, &staged.to_wire()).unwrap(),
+        staged
+    );
+    for bad in [&[0u8; 3][..], &[1, 0, 0, 0, 0, 0, 0, 0], &[0; 6], &[0; 12]] {
+        let error = AllocationHandle::from_wire(TransportKind::Ucx, bad).unwrap_err();
+        assert_eq!(error.code, Code::InvalidArgument, "{bad:?}");
+    }
 }
 
 #[test]

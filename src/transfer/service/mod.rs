@@ -61,8 +61,8 @@ pub struct TransferConfig {
     /// store): a UCX sender may then send the receipt with the bytes, for
     /// the receiver to apply once they are in.
     pub completion_keys_local: bool,
-    /// Staging rings and whether host transfers over TCP go through them
-    /// (transport/staging/).
+    /// Staging rings (pinned for a CUDA client) and whether host transfers
+    /// over TCP and UCX go through them (transport/staging/).
     pub staging: StagingConfig,
     /// The client's counters, when something below the service (the sealed
     /// store) counts into them too; `None`: the service's own.
@@ -257,6 +257,9 @@ pub struct TransferService {
     tcp_sweep_scheduled: AtomicBool,
     /// Where TCP sends run, started at the first.
     tcp_sends: OnceCell<Arc<AsyncWorkRunner>>,
+    /// Where chunked UCX sends run (each drives its pipeline), started at
+    /// the first.
+    staged_sends: OnceCell<Arc<AsyncWorkRunner>>,
     /// Where the receipts that come with the bytes set their keys (the peer
     /// store's local part), for a TCP server bound later.
     receipt_sink: OnceCell<ReceiptSink>,
@@ -266,7 +269,8 @@ pub struct TransferService {
     pool: ShmPool,
     receive_budget: Arc<MemoryBudget>,
     pending_send_budget: Arc<MemoryBudget>,
-    /// The staging rings, when host transfers stage (`stage_host_transfers`).
+    /// The staging rings: for a CUDA client (its buffers cross nodes through
+    /// them) and with `stage_host_transfers`.
     staging: Option<Arc<Staging>>,
 }
 
@@ -321,6 +325,7 @@ impl TransferService {
             tcp: TcpSender::new(),
             tcp_sweep_scheduled: AtomicBool::new(false),
             tcp_sends: OnceCell::new(),
+            staged_sends: OnceCell::new(),
             receipt_sink: OnceCell::new(),
             ucx,
             incarnations: Mutex::new(HashMap::new()),
@@ -334,9 +339,7 @@ impl TransferService {
                 Bound::PendingSend,
                 config.max_pending_send_bytes,
             ),
-            staging: config
-                .staging
-                .stage_host_transfers
+            staging: (config.staging.stage_host_transfers || config.staging.pinned)
                 .then(|| Staging::new(config.staging.clone()))
                 .and_then(|made| {
                     made.map_err(|e| log::warn!("staging rings not made: {e}"))
@@ -388,6 +391,20 @@ impl TransferService {
     fn tcp_sends(&self) -> Arc<AsyncWorkRunner> {
         self.tcp_sends
             .get_or_init(|| Arc::new(AsyncWorkRunner::new("crosshost-tcp-send", TCP_SEND_THREADS)))
+            .clone()
+    }
+
+    /// A chunked UCX send mostly waits (for its copies, for UCX to read a
+    /// chunk), so a few run at once, as TCP sends do; one that waits for a
+    /// slot holds none (transport/staging/).
+    fn staged_sends(&self) -> Arc<AsyncWorkRunner> {
+        self.staged_sends
+            .get_or_init(|| {
+                Arc::new(AsyncWorkRunner::new(
+                    "crosshost-staged-send",
+                    TCP_SEND_THREADS,
+                ))
+            })
             .clone()
     }
 
@@ -444,6 +461,9 @@ impl TransferService {
                 .collect();
             labels.push((ByteRoute::Ucx, "lanes", text.join(";")));
             labels.push((ByteRoute::Ucx, "version", ucx.version().to_string()));
+            // What memory UCX is handed: host memory only (a GPU buffer
+            // crosses through the pinned staging ring).
+            labels.push((ByteRoute::Ucx, "memory_type", "host".to_string()));
         }
         let gauges = [
             ("received_bytes_held", self.receive_budget.live()),
@@ -466,6 +486,15 @@ impl TransferService {
             (
                 "staging_bytes_held",
                 self.staging.as_ref().map_or(0, |s| s.bytes_held() as u64),
+            ),
+            // Pinned host memory of the whole process (every client's rings).
+            (
+                "pinned_bytes_held",
+                crate::backend::cuda::pinned_bytes_held() as u64,
+            ),
+            (
+                "max_pinned_bytes",
+                self.config.staging.max_pinned_bytes as u64,
             ),
         ];
         self.metrics.snapshot().to_json(&labels, &gauges)

@@ -17,6 +17,7 @@ use crate::transfer::memory_budget::BudgetLease;
 use crate::transfer::receipt::Receipt;
 use crate::transfer::recv_state::{PendingReceive, RecordOutcome};
 use crate::transfer::route::{Reach, Route, TCP_BATCH_MIN_BYTES};
+use crate::transfer::staging_path;
 use crate::transport::auth_token::AuthToken;
 use crate::transport::host_identity::HostIdentity;
 use crate::transport::random::random_u64;
@@ -271,6 +272,28 @@ impl TransferService {
         );
         let token = AuthToken::generate()?;
         let nonce = random_u64()?;
+        // Through the staging ring, or straight in (staging_path.rs).
+        let staged = staging_path::landing(
+            !placement.is_host(),
+            route,
+            self.config.staging.stage_host_transfers,
+        ) == staging_path::Landing::Staged;
+        let staging = if staged { self.staging.clone() } else { None };
+        let staged_chunk = match &staging {
+            Some(staging) => u32::try_from(staging.chunk_bytes()).map_err(|_| {
+                status::invalid_argument(format!(
+                    "{F}: staging_chunk_bytes {} does not fit a descriptor",
+                    staging.chunk_bytes()
+                ))
+            })?,
+            None => 0,
+        };
+        // As over UCX: the receipt may come with the bytes, this process
+        // holding the key it sets.
+        let completion_key = self
+            .config
+            .completion_keys_local
+            .then(|| key.as_str().to_string());
         let destination = if placement.is_host() {
             let reservation = reservation.ok_or_else(|| {
                 status::internal(format!(
@@ -287,29 +310,22 @@ impl TransferService {
                         allocation: AllocationHandle::Tcp {
                             endpoint: self.tcp_endpoint(server),
                         },
-                        // As over UCX: the receipt may come with the bytes.
-                        completion_key: self
-                            .config
-                            .completion_keys_local
-                            .then(|| key.as_str().to_string()),
+                        completion_key,
                         // `stage_host_transfers`: landed through the rings.
-                        staging: self.staging.clone(),
+                        staging,
                     }
                 }
                 Route::Ucx => HostRoute::Network {
                     registry: self.ucx(F)?.registry(),
                     token,
+                    // A staged destination takes chunk messages of at most
+                    // its ring's chunk (transport/ucx/stream.rs).
                     allocation: AllocationHandle::Ucx {
                         process: self.session.process_index as u32,
+                        staged_chunk,
                     },
-                    // The sender may send the receipt with the bytes: this
-                    // process holds the key it sets.
-                    completion_key: self
-                        .config
-                        .completion_keys_local
-                        .then(|| key.as_str().to_string()),
-                    // UCX does not stage yet (transport/staging/).
-                    staging: None,
+                    completion_key,
+                    staging,
                 },
             };
             Destination::Host(HostDestination::open(
@@ -321,19 +337,46 @@ impl TransferService {
                 reservation,
             )?)
         } else {
-            // CUDA backend: device memory exported as a CUDA IPC
-            // handle (transfer/cuda_path.rs).
+            // CUDA backend (transfer/cuda_path.rs): same node, device memory
+            // exported as a CUDA IPC handle; another node, landed through
+            // the pinned staging ring by the network transport.
+            let network = match route {
+                Route::SharedMemory => None,
+                Route::Tcp => {
+                    let server = self.tcp_server()?;
+                    Some(cuda_path::NetworkRoute {
+                        registry: server.registry(),
+                        token,
+                        allocation: AllocationHandle::Tcp {
+                            endpoint: self.tcp_endpoint(server),
+                        },
+                        completion_key,
+                        staging,
+                    })
+                }
+                Route::Ucx => Some(cuda_path::NetworkRoute {
+                    registry: self.ucx(F)?.registry(),
+                    token,
+                    allocation: AllocationHandle::Ucx {
+                        process: self.session.process_index as u32,
+                        staged_chunk,
+                    },
+                    completion_key,
+                    staging,
+                }),
+            };
             Destination::Cuda(cuda_path::open_destination(
                 placement,
                 spec.byte_size,
-                route != Route::SharedMemory,
-                "receive",
+                network,
+                F,
             )?)
         };
         let byte_route = match (&destination, route) {
             (Destination::Cuda(_), Route::SharedMemory) => ByteRoute::CudaIpc,
             _ => route.byte_route(),
         };
+        let staged = destination.is_staged();
         let (allocation, offset) = destination.location();
         crate::timeline!("receive {key}: destination ready");
         crate::sync::timeline::mark(crate::sync::timeline::Point::DestinationReady, key.as_str());
@@ -385,6 +428,9 @@ impl TransferService {
                 if outcome.is_ok() {
                     service.metrics.add_bytes_received(byte_size);
                     service.metrics.received_over(byte_route, byte_size);
+                    if staged {
+                        service.metrics.staged_over(byte_route, byte_size);
+                    }
                 }
             }
             destination.release(outcome);

@@ -17,16 +17,17 @@ use crate::transfer::descriptor::{AllocationHandle, Descriptor, DESCRIPTOR_MAGIC
 use crate::transfer::host_destination::local_region;
 use crate::transfer::keys::{descriptor_key, pair_epoch, BufferIndices};
 use crate::transfer::receipt::Receipt;
+use crate::transfer::staging_path;
 use crate::transport::claim::ClaimRange;
 use crate::transport::shm::SharedRegion;
 use crate::transport::shm_mappings::{
     forget_segment, forget_segments_of, mapped_segment, receiver_gone,
 };
 use crate::transport::shm_owner::OwnerWatch;
-use crate::transport::staging::{Drain, HostSource, Stop};
+use crate::transport::staging::{CudaCopy, Drain, HostSource, Staging, Stop};
 use crate::transport::stream_copy::copy_past_cache;
 use crate::transport::tcp::{Payload as TcpPayload, TcpSender};
-use crate::transport::ucx::Payload;
+use crate::transport::ucx::{KeepAlive, Payload, SendDone};
 
 /// From this size a copy into shared memory populates its range first: one
 /// madvise costs less than the page faults it saves.
@@ -107,7 +108,7 @@ impl TransferService {
         }
         let service = self.clone();
         let ready = source.ready.clone();
-        if let AllocationHandle::Ucx { process } = descriptor.allocation {
+        if let AllocationHandle::Ucx { process, .. } = descriptor.allocation {
             ready.on_ready(move |defined| match defined {
                 Ok(()) => {
                     service.send_over_ucx(source, descriptor, process, promise, function, deadline)
@@ -213,7 +214,7 @@ impl TransferService {
                 }
                 _ => Ok(()),
             },
-            AllocationHandle::Ucx { process } if *process as i64 != peer as i64 => {
+            AllocationHandle::Ucx { process, .. } if *process as i64 != peer as i64 => {
                 refuse(format!("the UCX worker of process {process}"))
             }
             AllocationHandle::SharedMemory { name } => {
@@ -284,7 +285,9 @@ impl TransferService {
     }
 
     /// Sends the source over UCX to the destination process `process`
-    /// offered; the receipt follows the receiver's acknowledgement.
+    /// offered; the receipt follows the receiver's acknowledgement. Where
+    /// either side stages (`staging_path::send_plan`) the bytes go as a
+    /// chunked stream, on a thread of the staged sends (`send_ucx_chunked`).
     fn send_over_ucx(
         self: &Arc<Self>,
         source: SendSource,
@@ -294,6 +297,32 @@ impl TransferService {
         function: String,
         deadline: Instant,
     ) {
+        let receiver_chunk = match descriptor.allocation {
+            AllocationHandle::Ucx { staged_chunk, .. } => staged_chunk,
+            _ => 0,
+        };
+        let plan = staging_path::send_plan(
+            source.memory.as_cuda().is_some(),
+            self.config.staging.stage_host_transfers,
+            self.staging.is_some(),
+            receiver_chunk,
+        );
+        if plan.chunked && source.spec.byte_size > 0 {
+            let service = self.clone();
+            self.staged_sends().submit(move || {
+                service.send_ucx_chunked(
+                    source,
+                    descriptor,
+                    process,
+                    receiver_chunk,
+                    plan.stage_source,
+                    promise,
+                    function,
+                    deadline,
+                )
+            });
+            return;
+        }
         let prepared = self
             .check_ucx_destination(&descriptor, process, &function)
             .and_then(|()| Payload::of_allocation(&source.memory, source.spec.byte_size));
@@ -320,10 +349,10 @@ impl TransferService {
         // With the key held by the receiver, the receipt goes with the bytes
         // and is applied there once they are in: no second trip.
         let receipt = self.receipt_with_bytes(&descriptor);
-        let service = self.clone();
         let token = descriptor.auth_token;
         let offset = descriptor.offset;
         let mark_key = crate::sync::timeline::key_hash_if_enabled(&descriptor.completion_key);
+        let done = self.ucx_send_done(source, descriptor, promise, function);
         ucx.send(
             process,
             token,
@@ -331,30 +360,174 @@ impl TransferService {
             payload,
             receipt,
             left_until(deadline),
-            Box::new(move |outcome| match outcome {
-                Ok(delivered) if delivered.receipt_applied => {
-                    service.delivered_with_receipt(&source, &descriptor, ByteRoute::Ucx, promise)
-                }
-                Ok(_) => service.finish_send(&source, &descriptor, Ok(None), promise, function),
-                // The receiver refused the token: another sender took the
-                // destination, or the receive is over.
-                Err(e) if e.code == Code::Unauthenticated => service.finish_send(
-                    &source,
-                    &descriptor,
-                    Err(CopyError::Refused(e)),
-                    promise,
-                    function,
-                ),
-                Err(e) => {
-                    let failed = CopyError::Failed(Status::new(
-                        e.code,
-                        format!("{function}: {}", e.message),
-                    ));
-                    service.finish_send(&source, &descriptor, Err(failed), promise, function)
-                }
-            }),
+            done,
             mark_key,
         );
+    }
+
+    /// How a UCX send ends: the receiver's verdict (or a failure) becomes
+    /// the send's outcome, with the receipt set here unless the receiver
+    /// applied the one that came with the bytes.
+    fn ucx_send_done(
+        self: &Arc<Self>,
+        source: SendSource,
+        descriptor: Descriptor,
+        promise: PromiseOnce,
+        function: String,
+    ) -> SendDone {
+        let service = self.clone();
+        Box::new(move |outcome| match outcome {
+            Ok(delivered) if delivered.receipt_applied => {
+                service.delivered_with_receipt(&source, &descriptor, ByteRoute::Ucx, promise)
+            }
+            Ok(_) => service.finish_send(&source, &descriptor, Ok(None), promise, function),
+            // The receiver refused the token: another sender took the
+            // destination, or the receive is over.
+            Err(e) if e.code == Code::Unauthenticated => service.finish_send(
+                &source,
+                &descriptor,
+                Err(CopyError::Refused(e)),
+                promise,
+                function,
+            ),
+            Err(e) => {
+                let failed =
+                    CopyError::Failed(Status::new(e.code, format!("{function}: {}", e.message)));
+                service.finish_send(&source, &descriptor, Err(failed), promise, function)
+            }
+        })
+    }
+
+    /// A UCX send as a chunked stream (`transport/ucx/stream.rs`): through
+    /// the send ring where this side stages (`stage_source`: device-to-host
+    /// copies, or memcpys, run ahead while earlier chunks are on the wire),
+    /// else straight from the source's host memory; each message at most
+    /// the receiver's staging chunk (`receiver_chunk`, 0: any size).
+    /// Blocks: runs on a thread of the staged sends.
+    #[allow(clippy::too_many_arguments)]
+    fn send_ucx_chunked(
+        self: &Arc<Self>,
+        source: SendSource,
+        descriptor: Descriptor,
+        process: u32,
+        receiver_chunk: u32,
+        stage_source: bool,
+        promise: PromiseOnce,
+        function: String,
+        deadline: Instant,
+    ) {
+        let fail = |status: Status, source: SendSource, descriptor: Descriptor, promise| {
+            let failed = Err(CopyError::Failed(status));
+            self.finish_send(&source, &descriptor, failed, promise, function.clone())
+        };
+        if let Err(e) = self.check_ucx_destination(&descriptor, process, &function) {
+            return fail(e, source, descriptor, promise);
+        }
+        let ucx = match self.ucx(&function) {
+            Ok(ucx) => ucx,
+            Err(e) => return fail(e, source, descriptor, promise),
+        };
+        let memory = source.memory.clone();
+        let len = source.spec.byte_size;
+        let staging = if stage_source {
+            self.staging.clone()
+        } else {
+            None
+        };
+        // Where the chunks are read from while UCX may read them: the send
+        // ring (kept by its owner), else the source itself (a copy of it
+        // where it is not host memory readable in place).
+        let (direct, keep): (Option<*const u8>, KeepAlive) = match &staging {
+            Some(staging) => (None, staging.clone()),
+            None => match memory.host_pointer() {
+                Ok(Some(pointer)) => (Some(pointer as *const u8), Arc::new(memory.clone())),
+                Ok(None) => {
+                    let mut copy = vec![0u8; len];
+                    if let Err(e) = memory.read(0, &mut copy) {
+                        return fail(e, source, descriptor, promise);
+                    }
+                    let copy = Arc::new(copy);
+                    (Some(copy.as_ptr()), copy)
+                }
+                Err(e) => return fail(e, source, descriptor, promise),
+            },
+        };
+        crate::timeline!(
+            "send to {}: UCX chunked send starts",
+            descriptor.completion_key
+        );
+        crate::sync::timeline::mark(
+            crate::sync::timeline::Point::BytesStart,
+            &descriptor.completion_key,
+        );
+        kill_points::reached(kill_points::SENDER_AFTER_DESCRIPTOR);
+        let timeout = left_until(deadline);
+        let receipt = self.receipt_with_bytes(&descriptor);
+        let (token, offset) = (descriptor.auth_token, descriptor.offset);
+        let chunk_limit = match receiver_chunk {
+            0 => usize::MAX,
+            chunk => chunk as usize,
+        };
+        let done = self.ucx_send_done(source, descriptor, promise, function.clone());
+        let Ok(mut stream) = ucx.open_stream(
+            process,
+            token,
+            offset,
+            len,
+            chunk_limit,
+            // A staging receiver pulls each chunk once it has a slot.
+            receiver_chunk > 0,
+            receipt,
+            timeout,
+            keep,
+            done,
+        ) else {
+            // Its failure was told to the send already.
+            return;
+        };
+        let stop = stream.stop().clone();
+        let sent = match (&staging, direct) {
+            (Some(staging), _) => {
+                let mut wire = |bytes: &[u8], at: usize| {
+                    // SAFETY: a send-ring slot: the pipeline leaves it
+                    // unwritten until the completion returned here is done
+                    // (parks it if it stops first), and the ring lives as
+                    // long as `keep`, the stream's keep-alive.
+                    unsafe { stream.send(bytes.as_ptr(), bytes.len(), at) }
+                };
+                match memory.as_cuda() {
+                    Some(_) => CudaCopy::new(memory.clone()).and_then(|copier| {
+                        staging.send_async(&copier, 0, len, &mut wire, &stop, timeout)
+                    }),
+                    None => {
+                        let mut chunks = 0;
+                        memory
+                            .read_with(&mut |bytes| {
+                                chunks = staging.send_async(
+                                    &HostSource::new(bytes),
+                                    0,
+                                    len,
+                                    &mut wire,
+                                    &stop,
+                                    timeout,
+                                )?;
+                                Ok(())
+                            })
+                            .map(|()| chunks)
+                    }
+                }
+                .map(|_| {
+                    self.metrics.staged_over(ByteRoute::Ucx, len as u64);
+                })
+            }
+            // SAFETY: the source's host memory (or a copy of it), kept
+            // mapped by `keep` and never written while the send lasts.
+            (None, Some(pointer)) => unsafe { stream.send_all(pointer, timeout) },
+            (None, None) => Err(status::internal("a chunked send with nothing to send")),
+        };
+        if let Err(e) = sent {
+            stream.fail(Status::new(e.code, format!("{function}: {}", e.message)));
+        }
     }
 
     /// Sends the source over TCP to the receiver's server at `endpoint`, with
@@ -376,39 +549,68 @@ impl TransferService {
         // The connection this send keeps is closed once it is too old to
         // reuse, whether or not another send comes.
         self.sweep_tcp_connections_later();
-        let sent = source.memory.read_with(&mut |bytes| {
-            // `stage_host_transfers`: out through the send ring, chunk by
-            // chunk (transport/staging/).
-            let mut staged = |wire: &mut Drain<'_>| match &self.staging {
-                Some(staging) => staging
-                    .send(
-                        &HostSource::new(bytes),
-                        0,
-                        bytes.len(),
-                        wire,
-                        &Stop::new(),
-                        timeout,
-                    )
-                    .map(|_| ()),
-                None => wire(bytes),
-            };
-            let mut payload = match &self.staging {
-                Some(_) => TcpPayload::Chunks {
-                    len: bytes.len(),
-                    write: &mut staged,
-                },
-                None => TcpPayload::Bytes(bytes),
-            };
+        let plan = staging_path::send_plan(
+            source.memory.as_cuda().is_some(),
+            self.config.staging.stage_host_transfers,
+            self.staging.is_some(),
+            0,
+        );
+        let staging: Option<&Arc<Staging>> = self.staging.as_ref().filter(|_| plan.stage_source);
+        let len = source.spec.byte_size;
+        let mut send = |payload: &mut TcpPayload<'_>| -> Result<()> {
             delivered = Some(self.tcp.send_payload(
                 endpoint,
                 &descriptor.auth_token,
                 descriptor.offset,
-                &mut payload,
+                payload,
                 receipt.as_deref(),
                 timeout,
             )?);
             Ok(())
-        });
+        };
+        let sent = match (staging, source.memory.as_cuda()) {
+            // A GPU source: device-to-host copies into the send ring run
+            // ahead while earlier chunks are on the wire.
+            (Some(staging), Some(_)) => CudaCopy::new(source.memory.clone()).and_then(|copier| {
+                let mut staged = |wire: &mut Drain<'_>| {
+                    staging
+                        .send(&copier, 0, len, wire, &Stop::new(), timeout)
+                        .map(|_| ())
+                };
+                send(&mut TcpPayload::Chunks {
+                    len,
+                    write: &mut staged,
+                })
+            }),
+            _ => source.memory.read_with(&mut |bytes| {
+                // `stage_host_transfers`: out through the send ring, chunk
+                // by chunk (transport/staging/).
+                let mut staged = |wire: &mut Drain<'_>| match staging {
+                    Some(staging) => staging
+                        .send(
+                            &HostSource::new(bytes),
+                            0,
+                            bytes.len(),
+                            wire,
+                            &Stop::new(),
+                            timeout,
+                        )
+                        .map(|_| ()),
+                    None => wire(bytes),
+                };
+                let mut payload = match staging {
+                    Some(_) => TcpPayload::Chunks {
+                        len: bytes.len(),
+                        write: &mut staged,
+                    },
+                    None => TcpPayload::Bytes(bytes),
+                };
+                send(&mut payload)
+            }),
+        };
+        if sent.is_ok() && staging.is_some() {
+            self.metrics.staged_over(ByteRoute::Tcp, len as u64);
+        }
         let copied = match (sent, delivered) {
             (Ok(()), Some(delivered)) if delivered.receipt_applied => {
                 return self.delivered_with_receipt(&source, &descriptor, ByteRoute::Tcp, promise);

@@ -4,15 +4,18 @@
 //! memory is reached only through `DeviceCopy` (`copy.rs`), so the same
 //! pipeline runs with a memcpy on CPU (`HostCopy`: what CI exercises, when
 //! a client is created with `stage_host_transfers=true`) and with
-//! asynchronous CUDA copies on a GPU (issue #38; not built yet).
+//! asynchronous CUDA copies into pinned ring buffers on a GPU (`CudaCopy`,
+//! `cuda_copy.rs`, over `backend/cuda/`'s `async_copy.rs` and `pinned.rs`).
 //!
 //! It lives in `transport/` because the transports drive it: a network
 //! transport that claims a `StagedDestination` (found through
 //! `WritableDestination::staged`) lands the wire's chunks through its
 //! pipeline instead of writing the memory directly, and reports the bytes
-//! in, the receipt applied, only once `receive` returned. The TCP transport
-//! does so on both sides; UCX still writes staged destinations directly.
+//! in, the receipt applied, only once `receive` returned. Both network
+//! transports do so: TCP over its byte stream (`receive`), UCX chunk by
+//! chunk, one message each (`receive_chunks`, `transport/ucx/stream.rs`).
 mod copy;
+mod cuda_copy;
 mod pipeline;
 mod ring;
 
@@ -21,13 +24,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use copy::{check_range, CopyCompletion, DeviceCopy, HostCopy, HostSource, Pending};
-pub use pipeline::{receive, send, Drain, Fill, Stop};
-pub use ring::{Slot, StagingRing, SLOT_ALIGN};
+pub use cuda_copy::CudaCopy;
+pub use pipeline::{
+    receive, receive_chunks, send, send_async, AsyncDrain, ChunkSource, Drain, Fill, Stop,
+};
+pub use ring::{Slot, SlotMemory, StagingRing, SLOT_ALIGN};
 
 use crate::status::{Result, Status};
 use crate::transport::destination::WritableDestination;
 
-/// `staging_chunk_bytes`, `staging_ring_depth`, `stage_host_transfers`.
+/// `staging_chunk_bytes`, `staging_ring_depth`, `stage_host_transfers`,
+/// `max_pinned_bytes`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
     /// Bytes per chunk (and per ring slot).
@@ -35,10 +42,19 @@ pub struct StagingConfig {
     /// Slots per ring; a client has one ring per direction, so it holds at
     /// most 2 x chunk_bytes x ring_depth of staging memory.
     pub ring_depth: usize,
-    /// Host destinations and sources over TCP stage through the rings too
-    /// (to exercise the pipeline on CPU).
+    /// Host destinations and sources over TCP and UCX stage through the
+    /// rings too (to exercise the pipeline on CPU).
     pub stage_host_transfers: bool,
+    /// The rings' slots are pinned memory (a client with CUDA devices).
+    pub pinned: bool,
+    /// Bound on the pinned memory the process holds, all clients' rings
+    /// together.
+    pub max_pinned_bytes: usize,
 }
+
+/// Default of `max_pinned_bytes`: the rings of four clients at the default
+/// chunk and depth (2 x 4 MiB x 4 each).
+pub const DEFAULT_MAX_PINNED_BYTES: usize = 128 << 20;
 
 impl Default for StagingConfig {
     fn default() -> Self {
@@ -47,6 +63,21 @@ impl Default for StagingConfig {
             chunk_bytes: 4 << 20,
             ring_depth: 4,
             stage_host_transfers: false,
+            pinned: false,
+            max_pinned_bytes: DEFAULT_MAX_PINNED_BYTES,
+        }
+    }
+}
+
+impl StagingConfig {
+    /// What the rings' slots are made of.
+    pub fn slot_memory(&self) -> SlotMemory {
+        if self.pinned {
+            SlotMemory::Pinned {
+                bound: self.max_pinned_bytes,
+            }
+        } else {
+            SlotMemory::Heap
         }
     }
 }
@@ -61,12 +92,18 @@ pub struct Staging {
 
 impl Staging {
     pub fn new(config: StagingConfig) -> Result<Arc<Staging>> {
+        let memory = config.slot_memory();
         Ok(Arc::new(Staging {
-            receive_ring: StagingRing::new(config.chunk_bytes, config.ring_depth)?,
-            send_ring: StagingRing::new(config.chunk_bytes, config.ring_depth)?,
+            receive_ring: StagingRing::with_memory(config.chunk_bytes, config.ring_depth, memory)?,
+            send_ring: StagingRing::with_memory(config.chunk_bytes, config.ring_depth, memory)?,
             config,
             staged: AtomicU64::new(0),
         }))
+    }
+
+    /// Bytes per chunk (what a receiver's ring slot holds).
+    pub fn chunk_bytes(&self) -> usize {
+        self.config.chunk_bytes
     }
 
     /// Transfers (either side) that went through a pipeline to the end.
@@ -102,13 +139,30 @@ impl Staging {
         self.staged.fetch_add(1, Ordering::Relaxed);
         Ok(chunks)
     }
+
+    /// `send` over a wire that may read a chunk's slot after it returned
+    /// (`pipeline::send_async`).
+    pub fn send_async(
+        &self,
+        device: &dyn DeviceCopy,
+        offset: usize,
+        len: usize,
+        wire: &mut AsyncDrain<'_>,
+        stop: &Stop,
+        patience: Duration,
+    ) -> Result<usize> {
+        let chunks = send_async(&self.send_ring, device, offset, len, wire, stop, patience)?;
+        self.staged.fetch_add(1, Ordering::Relaxed);
+        Ok(chunks)
+    }
 }
 
 /// A receive destination whose bytes must land through the receive ring
-/// and `device`'s copies. As a `WritableDestination` it is the host memory
-/// (for a transport that does not stage: UCX today).
+/// and `device`'s copies. As a `WritableDestination` it is `device`'s
+/// length, and its host memory where it has some (none for device memory:
+/// its pointer is null, and every transport lands it through `receive`).
 pub struct StagedDestination {
-    memory: Arc<dyn WritableDestination>,
+    memory: Option<Arc<dyn WritableDestination>>,
     device: Arc<dyn DeviceCopy>,
     staging: Arc<Staging>,
     stop: Stop,
@@ -121,19 +175,33 @@ impl StagedDestination {
         StagedDestination::new(memory, device, staging)
     }
 
-    /// `memory` reached through `device` (`memory` is what a transport
-    /// that does not stage writes, and bounds what senders may claim).
+    /// Host `memory` reached through `device` (a test's copier).
     pub fn new(
         memory: Arc<dyn WritableDestination>,
         device: Arc<dyn DeviceCopy>,
         staging: Arc<Staging>,
     ) -> StagedDestination {
         StagedDestination {
-            memory,
+            memory: Some(memory),
             device,
             staging,
             stop: Stop::new(),
         }
+    }
+
+    /// Device memory, reached only through `device` (`CudaCopy`).
+    pub fn device(device: Arc<dyn DeviceCopy>, staging: Arc<Staging>) -> StagedDestination {
+        StagedDestination {
+            memory: None,
+            device,
+            staging,
+            stop: Stop::new(),
+        }
+    }
+
+    /// The most a chunk may carry: one receive-ring slot.
+    pub fn chunk_bytes(&self) -> usize {
+        self.staging.receive_ring.chunk_bytes()
     }
 
     /// Lands `len` bytes at `offset` from `wire`; returns once the last
@@ -158,21 +226,53 @@ impl StagedDestination {
         Ok(chunks)
     }
 
+    /// Lands `len` bytes at `offset` from a source that brings them in
+    /// chunks of its own length (at most `chunk_bytes`); returns once the
+    /// last chunk's copy completed (`pipeline::receive_chunks`).
+    pub fn receive_chunks(
+        &self,
+        offset: usize,
+        len: usize,
+        source: &mut dyn ChunkSource,
+        patience: Duration,
+    ) -> Result<usize> {
+        let chunks = receive_chunks(
+            &self.staging.receive_ring,
+            &*self.device,
+            offset,
+            len,
+            source,
+            &self.stop,
+            patience,
+        )?;
+        self.staging.staged.fetch_add(1, Ordering::Relaxed);
+        Ok(chunks)
+    }
+
     /// The receive ended (any outcome): a pipeline still running stops.
     pub fn stop(&self, reason: Status) {
         self.stop.raise(reason);
     }
+
+    /// The stop a pipeline landing this destination looks at.
+    pub fn stop_signal(&self) -> &Stop {
+        &self.stop
+    }
 }
 
-// SAFETY: the pointer and length are those of `memory`, itself a
-// `WritableDestination` kept alive as long as this object.
+// SAFETY: the length is the device memory's; the pointer is that of
+// `memory`, itself a `WritableDestination` kept alive as long as this
+// object, or null where there is no host memory, which the trait's
+// contract allows for a staged destination (never written through it).
 unsafe impl WritableDestination for StagedDestination {
     fn len(&self) -> usize {
-        self.memory.len()
+        self.device.len()
     }
 
     fn as_mut_ptr(&self) -> *mut u8 {
-        self.memory.as_mut_ptr()
+        self.memory
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |memory| memory.as_mut_ptr())
     }
 
     fn staged(&self) -> Option<&StagedDestination> {

@@ -1,7 +1,9 @@
 //! `StagingRing`: a bounded set of page-aligned host buffers (the slots),
 //! each `chunk_bytes` long, at most `depth` of them, allocated on first
 //! use and then reused until the ring is dropped. On a GPU these are the
-//! pinned buffers a device copy reads or writes; on CPU ordinary memory.
+//! pinned buffers a device copy reads or writes (`SlotMemory::Pinned`:
+//! `cuMemHostAlloc`, bounded per process by `max_pinned_bytes`); on CPU
+//! ordinary memory.
 //!
 //! A slot is taken whole (`take`) and given back once nothing reads or
 //! writes it any more (`give_back`). A slot whose device copy may still
@@ -18,7 +20,8 @@ use parking_lot::{Condvar, Mutex};
 
 use super::copy::Pending;
 use super::pipeline::Stop;
-use crate::status::{self, Result};
+use crate::backend::cuda::PinnedBuffer;
+use crate::status::{self, Code, Result};
 
 /// Slots are aligned to this (a page: what pinning registers).
 pub const SLOT_ALIGN: usize = 4096;
@@ -26,10 +29,30 @@ pub const SLOT_ALIGN: usize = 4096;
 /// How often a wait for a slot looks at its pipeline's stop signal.
 const STOP_CHECK: Duration = Duration::from_millis(5);
 
+/// What a ring's slots are made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotMemory {
+    /// Page-aligned heap memory (CPU: the copies are memcpys).
+    Heap,
+    /// Pinned memory (`cuMemHostAlloc`), the process holding at most
+    /// `bound` pinned bytes in all.
+    Pinned { bound: usize },
+}
+
+/// Where a slot's memory came from (how it is freed).
+enum Backing {
+    Heap,
+    /// Freed when dropped.
+    Pinned {
+        _buffer: PinnedBuffer,
+    },
+}
+
 /// One page-aligned host buffer of the ring, owned by whoever took it.
 pub struct Slot {
     pointer: *mut u8,
     len: usize,
+    backing: Backing,
 }
 
 // SAFETY: a slot exclusively owns its allocation; nothing in it is tied to
@@ -37,7 +60,15 @@ pub struct Slot {
 unsafe impl Send for Slot {}
 
 impl Slot {
-    fn allocate(len: usize) -> Result<Slot> {
+    fn allocate(len: usize, memory: SlotMemory) -> Result<Slot> {
+        if let SlotMemory::Pinned { bound } = memory {
+            let pinned = PinnedBuffer::allocate(len.max(1), bound)?;
+            return Ok(Slot {
+                pointer: pinned.as_ptr(),
+                len,
+                backing: Backing::Pinned { _buffer: pinned },
+            });
+        }
         let layout = Layout::from_size_align(len.max(1), SLOT_ALIGN)
             .map_err(|e| status::invalid_argument(format!("staging slot of {len} bytes: {e}")))?;
         // SAFETY: the layout has a non-zero size.
@@ -47,7 +78,11 @@ impl Slot {
                 "cannot allocate a {len}-byte staging buffer"
             )));
         }
-        Ok(Slot { pointer, len })
+        Ok(Slot {
+            pointer,
+            len,
+            backing: Backing::Heap,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -79,11 +114,14 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), SLOT_ALIGN)
-            .expect("the layout was valid when allocated");
-        // SAFETY: `pointer` came from `alloc` with this very layout and is
-        // freed only here.
-        unsafe { std::alloc::dealloc(self.pointer, layout) };
+        // A pinned buffer frees itself when its field drops.
+        if let Backing::Heap = self.backing {
+            let layout = Layout::from_size_align(self.len.max(1), SLOT_ALIGN)
+                .expect("the layout was valid when allocated");
+            // SAFETY: `pointer` came from `alloc` with this very layout and
+            // is freed only here.
+            unsafe { std::alloc::dealloc(self.pointer, layout) };
+        }
     }
 }
 
@@ -97,15 +135,25 @@ struct Slots {
 pub struct StagingRing {
     chunk_bytes: usize,
     depth: usize,
+    memory: SlotMemory,
     slots: Mutex<Slots>,
     returned: Condvar,
     held_bytes: AtomicUsize,
 }
 
 impl StagingRing {
-    /// A ring of at most `depth` slots of `chunk_bytes` each (both at
+    /// A ring of at most `depth` heap slots of `chunk_bytes` each (both at
     /// least 1); nothing is allocated yet.
     pub fn new(chunk_bytes: usize, depth: usize) -> Result<StagingRing> {
+        StagingRing::with_memory(chunk_bytes, depth, SlotMemory::Heap)
+    }
+
+    /// A ring whose slots are `memory`.
+    pub fn with_memory(
+        chunk_bytes: usize,
+        depth: usize,
+        memory: SlotMemory,
+    ) -> Result<StagingRing> {
         if chunk_bytes == 0 || depth == 0 {
             return Err(status::invalid_argument(format!(
                 "a staging ring needs chunks and depth of at least 1 (got {chunk_bytes} bytes x {depth})"
@@ -114,6 +162,7 @@ impl StagingRing {
         Ok(StagingRing {
             chunk_bytes,
             depth,
+            memory,
             slots: Mutex::new(Slots {
                 free: Vec::new(),
                 parked: VecDeque::new(),
@@ -130,6 +179,11 @@ impl StagingRing {
 
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// What the slots are made of.
+    pub fn memory(&self) -> SlotMemory {
+        self.memory
     }
 
     /// Bytes of staging memory allocated (never more than chunk x depth).
@@ -186,7 +240,16 @@ impl StagingRing {
             return Ok(Some(slot));
         }
         if slots.allocated < self.depth {
-            let slot = Slot::allocate(self.chunk_bytes)?;
+            let slot = match Slot::allocate(self.chunk_bytes, self.memory) {
+                Ok(slot) => slot,
+                // Past the process's bound on pinned memory a ring that has
+                // slots already makes do with them: wait for one.
+                Err(e) if e.code == Code::ResourceExhausted && slots.allocated > 0 => {
+                    log::debug!("staging ring stays at {} slots: {e}", slots.allocated);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
             slots.allocated += 1;
             self.held_bytes
                 .fetch_add(self.chunk_bytes, Ordering::Relaxed);

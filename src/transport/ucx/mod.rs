@@ -25,6 +25,12 @@
 //! receiver -> sender: ACK {request id, token, verdict} once the bytes are there
 //! ```
 //!
+//! A destination the receiver lands through its staging ring (a GPU
+//! buffer; `stage_host_transfers`), or a source the sender stages, goes as
+//! a stream of CHUNK messages instead, each at most the receiver's staging
+//! chunk, answered by one ACK once the last chunk's copy completed
+//! (`stream.rs`).
+//!
 //! The sender reports OK, and only then sets the buffer's completion key
 //! (the receipt), after the ACK: UCX's own completion of an eager send
 //! only means the bytes left. Destinations are registered with UCX only
@@ -46,10 +52,11 @@
 //! store protects the data plane.
 mod capabilities;
 mod library;
+mod stream;
 pub mod sys;
 mod transfer;
 mod transport;
-mod wire;
+pub mod wire;
 mod worker;
 
 pub use capabilities::{query, Capabilities};
@@ -57,6 +64,7 @@ pub use library::{
     choose, load, load_for, rdma_devices, survey, Candidate, Choice, LoadedUcx, Needs, Source,
     Survey, MINIMUM_VERSION, RDMA_DEVICES_DIR_ENV, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV,
 };
+pub use stream::{ChunkSender, KeepAlive, STAGED_PATIENCE};
 pub use transfer::{Payload, SendDone};
 pub use transport::UcxTransport;
 pub use worker::lane_transports;

@@ -491,3 +491,377 @@ fn beyond_the_bound_the_least_recently_used_idle_endpoint_is_closed() {
     }
     assert_eq!(sender.open_endpoints(), 1, "the most recently used stays");
 }
+
+// ----------------------------- chunked streams -----------------------------
+
+use crate::transport::staging::{
+    CopyCompletion, DeviceCopy, HostCopy, Pending, Slot, StagedDestination, Staging, StagingConfig,
+};
+
+fn staging(chunk_bytes: usize, ring_depth: usize) -> Arc<Staging> {
+    Staging::new(StagingConfig {
+        chunk_bytes,
+        ring_depth,
+        stage_host_transfers: true,
+        ..StagingConfig::default()
+    })
+    .unwrap()
+}
+
+/// Opens a stream from `from` to process 1; the receiver's verdict comes
+/// on the returned channel.
+#[allow(clippy::too_many_arguments)]
+fn open(
+    from: &UcxTransport,
+    token: AuthToken,
+    offset: u64,
+    len: usize,
+    chunk_limit: usize,
+    rendezvous: bool,
+    receipt: Option<Vec<u8>>,
+    keep: KeepAlive,
+) -> (ChunkSender, crossbeam_channel::Receiver<Result<Delivered>>) {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let stream = from
+        .open_stream(
+            1,
+            token,
+            offset,
+            len,
+            chunk_limit,
+            rendezvous,
+            receipt,
+            WAIT,
+            keep,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        )
+        .unwrap();
+    (stream, rx)
+}
+
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_chunked_stream_lands_in_a_staged_destination_eager_and_rendezvous() {
+    let Some((a, b)) = pair() else { return };
+    let (tx, rx) = crossbeam_channel::unbounded::<String>();
+    b.set_receipt_sink(Arc::new(move |key: &str, _: &[u8]| {
+        tx.send(key.to_string()).unwrap();
+        Ok(())
+    }));
+    let rings = staging(64 << 10, 3);
+    // Sizes around the chunk and UCX's rendezvous threshold; chunks forced
+    // to rendezvous (a staged receiver's) and eager ones (any receiver
+    // takes both).
+    for (len, offset, rendezvous) in [
+        (1usize, 0u64, true),
+        (64 << 10, 3, true),
+        ((64 << 10) + 1, 0, false),
+        ((3 << 20) + 17, 5, true),
+        (300_000, 0, false),
+    ] {
+        let memory = Arc::new(HeapDestination::new(len + offset as usize + 2));
+        let staged = Arc::new(StagedDestination::host(memory.clone(), rings.clone()));
+        let token = AuthToken::generate().unwrap();
+        b.registry()
+            .register_with_key(token, staged, Some("crosshost/recv/s".into()))
+            .unwrap();
+        let bytes = Arc::new(pattern(len, 9));
+        let keep: KeepAlive = bytes.clone();
+        let (mut stream, verdict) = open(
+            &a,
+            token,
+            offset,
+            len,
+            64 << 10,
+            rendezvous,
+            Some(b"xr1 ok 3".to_vec()),
+            keep,
+        );
+        // SAFETY: `bytes` stays alive (kept by the stream) and unwritten.
+        unsafe { stream.send_all(bytes.as_ptr(), WAIT) }.unwrap();
+        let delivered = verdict.recv_timeout(WAIT).unwrap().unwrap();
+        assert!(delivered.receipt_applied, "{len}");
+        assert_eq!(rx.recv_timeout(WAIT).unwrap(), "crosshost/recv/s");
+        let landed = memory.to_vec();
+        assert_eq!(
+            &landed[offset as usize..offset as usize + len],
+            &bytes[..],
+            "{len}"
+        );
+        assert!(landed[..offset as usize].iter().all(|&x| x == 0));
+        assert!(landed[offset as usize + len..].iter().all(|&x| x == 0));
+    }
+    assert!(b.registry().is_empty(), "every token used up");
+    wait_until("the streams' threads end", || b.staged_streams() == 0);
+    assert!(rings.staged() >= 5);
+    assert!(rings.bytes_held() <= 3 * (64 << 10) * 2);
+    wait_until("UCX gives every chunk back", || a.sends_held() == 0);
+}
+
+#[test]
+fn a_staged_source_streams_into_a_destination_written_directly() {
+    let Some((a, b)) = pair() else { return };
+    let rings = staging(4096 * 16, 2);
+    for len in [5usize, 4096 * 16, (1 << 20) + 3] {
+        let memory = Arc::new(HeapDestination::new(len));
+        let token = AuthToken::generate().unwrap();
+        b.registry().register(token, memory.clone()).unwrap();
+        let source = pattern(len, 4);
+        let keep: KeepAlive = rings.clone();
+        // The receiver does not stage: any message size.
+        let (mut stream, verdict) = open(&a, token, 0, len, usize::MAX, false, None, keep);
+        let stop = stream.stop().clone();
+        let mut wire = |bytes: &[u8], at: usize| {
+            // SAFETY: a send-ring slot, left alone by the pipeline until the
+            // completion is done; the ring lives in `keep`.
+            unsafe { stream.send(bytes.as_ptr(), bytes.len(), at) }
+        };
+        let chunks = rings
+            .send_async(
+                &crate::transport::staging::HostSource::new(&source),
+                0,
+                len,
+                &mut wire,
+                &stop,
+                WAIT,
+            )
+            .unwrap();
+        assert_eq!(chunks, len.div_ceil(4096 * 16));
+        let delivered = verdict.recv_timeout(WAIT).unwrap().unwrap();
+        assert!(!delivered.receipt_applied, "none was sent");
+        assert_eq!(memory.to_vec(), source, "{len}");
+    }
+    assert!(b.registry().is_empty());
+    assert_eq!(
+        b.staged_streams(),
+        0,
+        "nothing staged on the receiving side"
+    );
+}
+
+/// Host memory reached through copies that complete when the test says.
+struct GatedCopy {
+    memory: Arc<HeapDestination>,
+    open: Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
+    started: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct Gate(Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>);
+
+impl CopyCompletion for Gate {
+    fn is_done(&mut self) -> Result<bool> {
+        Ok(*self.0 .0.lock())
+    }
+
+    fn wait_until(&mut self, until: std::time::Instant) -> Result<bool> {
+        let mut open = self.0 .0.lock();
+        while !*open {
+            if self.0 .1.wait_until(&mut open, until).timed_out() {
+                break;
+            }
+        }
+        Ok(*open)
+    }
+}
+
+impl DeviceCopy for GatedCopy {
+    fn len(&self) -> usize {
+        crate::transport::destination::WritableDestination::len(&*self.memory)
+    }
+
+    fn to_device(&self, slot: &Slot, offset: usize, len: usize) -> Result<Pending> {
+        HostCopy::new(self.memory.clone()).to_device(slot, offset, len)?;
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Pending::Running(Box::new(Gate(self.open.clone()))))
+    }
+
+    fn to_host(&self, _: usize, _: &Slot, _: usize) -> Result<Pending> {
+        unreachable!("a receive only")
+    }
+}
+
+#[test]
+fn the_receipt_and_the_ack_wait_for_the_last_chunks_copy() {
+    let Some((a, b)) = pair() else { return };
+    let (applied_tx, applied) = crossbeam_channel::unbounded::<String>();
+    b.set_receipt_sink(Arc::new(move |key: &str, _: &[u8]| {
+        applied_tx.send(key.to_string()).unwrap();
+        Ok(())
+    }));
+    let len = (256 << 10) + 99;
+    let memory = Arc::new(HeapDestination::new(len));
+    let open_gate = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let device = Arc::new(GatedCopy {
+        memory: memory.clone(),
+        open: open_gate.clone(),
+        started: started.clone(),
+    });
+    // Ring deep enough for every chunk: all copies start, none completes.
+    let staged = Arc::new(StagedDestination::new(
+        memory.clone(),
+        device,
+        staging(64 << 10, 8),
+    ));
+    let token = AuthToken::generate().unwrap();
+    b.registry()
+        .register_with_key(token, staged, Some("k".into()))
+        .unwrap();
+    let bytes = Arc::new(pattern(len, 1));
+    let (mut stream, verdict) = open(
+        &a,
+        token,
+        0,
+        len,
+        64 << 10,
+        true,
+        Some(b"xr1 ok 1".to_vec()),
+        bytes.clone(),
+    );
+    // SAFETY: kept alive and unwritten, as above.
+    unsafe { stream.send_all(bytes.as_ptr(), WAIT) }.unwrap();
+    wait_until("every chunk's copy started", || {
+        started.load(std::sync::atomic::Ordering::SeqCst) == 5
+    });
+    // Every byte is in the ring and queued to the device: not landed, however
+    // long the receiver is given (one that reported the stream landed once
+    // its copies were queued would ACK at once).
+    assert!(
+        applied.recv_timeout(Duration::from_millis(300)).is_err(),
+        "receipt applied before the copies completed"
+    );
+    assert!(
+        verdict.try_recv().is_err(),
+        "acknowledged before the copies completed"
+    );
+    *open_gate.0.lock() = true;
+    open_gate.1.notify_all();
+    let delivered = verdict.recv_timeout(WAIT).unwrap().unwrap();
+    assert!(delivered.receipt_applied);
+    assert_eq!(applied.recv_timeout(WAIT).unwrap(), "k");
+    assert_eq!(memory.to_vec(), *bytes);
+}
+
+#[test]
+fn chunks_a_staged_receiver_cannot_take_are_refused_and_fail_the_stream() {
+    let Some((a, b)) = pair() else { return };
+    let memory = Arc::new(HeapDestination::new(1 << 20));
+    let staged = Arc::new(StagedDestination::host(
+        memory.clone(),
+        staging(64 << 10, 2),
+    ));
+    let token = AuthToken::generate().unwrap();
+    b.registry().register(token, staged).unwrap();
+    let bytes = Arc::new(vec![7u8; 1 << 20]);
+    // The receiver's ring holds 64 KiB chunks: a sender ignoring that.
+    let (mut stream, verdict) = open(&a, token, 0, 1 << 20, 128 << 10, true, None, bytes.clone());
+    // SAFETY: kept alive and unwritten.
+    let sent = unsafe { stream.send_all(bytes.as_ptr(), WAIT) };
+    let error = verdict.recv_timeout(WAIT).unwrap().unwrap_err();
+    assert_eq!(error.code, Code::InvalidArgument, "{error}");
+    assert!(error.message.contains("chunk"), "{error}");
+    assert!(sent.is_err() || stream.stop().is_raised());
+    assert!(memory.to_vec().iter().all(|&x| x == 0), "nothing written");
+
+    // A token nobody registered: refused, the stream fails.
+    let stranger = AuthToken::generate().unwrap();
+    let bytes = Arc::new(vec![1u8; 4096]);
+    let (mut stream, verdict) = open(&a, stranger, 0, 4096, 4096, true, None, bytes.clone());
+    // SAFETY: kept alive and unwritten.
+    let _ = unsafe { stream.send_all(bytes.as_ptr(), WAIT) };
+    let error = verdict.recv_timeout(WAIT).unwrap().unwrap_err();
+    assert_eq!(error.code, Code::Unauthenticated, "{error}");
+    wait_until("UCX gives every chunk back", || a.sends_held() == 0);
+}
+
+#[test]
+fn a_sender_lost_mid_stream_ends_the_staged_receive_at_once() {
+    let Some((a, b)) = pair() else { return };
+    let memory = Arc::new(HeapDestination::new(256 << 10));
+    let rings = staging(64 << 10, 2);
+    let staged = Arc::new(StagedDestination::host(memory.clone(), rings.clone()));
+    let token = AuthToken::generate().unwrap();
+    b.registry().register(token, staged).unwrap();
+    let bytes = Arc::new(pattern(256 << 10, 2));
+    let (mut stream, verdict) = open(&a, token, 0, 256 << 10, 64 << 10, true, None, bytes.clone());
+    // Half the stream, then the sender is gone (its link closed).
+    // SAFETY: kept alive and unwritten.
+    let mut half = unsafe { stream.send(bytes.as_ptr(), 128 << 10, 0) }.unwrap();
+    assert!(
+        half.wait_until(std::time::Instant::now() + WAIT).unwrap(),
+        "the first half went"
+    );
+    wait_until("the receiver's stream started", || b.staged_streams() == 1);
+    let started = std::time::Instant::now();
+    b.peer_lost(0);
+    // Not at a deadline: at once (the reason, naming the sender, is the
+    // stream's: `stream.rs`'s own tests read it).
+    wait_until("the staged stream ends", || b.staged_streams() == 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    wait_until("no slot stays parked", || {
+        rings.receive_ring().parked() == 0
+    });
+    assert_eq!(
+        &memory.to_vec()[128 << 10..],
+        &vec![0u8; 128 << 10][..],
+        "no more landed"
+    );
+    // The sender, told of its receiver's loss in turn, fails too.
+    a.peer_lost(1);
+    let error = verdict.recv_timeout(WAIT).unwrap().unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+}
+
+#[test]
+fn a_receiver_lost_mid_stream_fails_the_send_at_once() {
+    let Some((a, b)) = pair() else { return };
+    let memory = Arc::new(HeapDestination::new(256 << 10));
+    let staged = Arc::new(StagedDestination::host(memory, staging(64 << 10, 2)));
+    let token = AuthToken::generate().unwrap();
+    b.registry().register(token, staged).unwrap();
+    let bytes = Arc::new(pattern(256 << 10, 2));
+    let (tx, verdict) = crossbeam_channel::bounded(1);
+    let mut stream = a
+        .open_stream(
+            1,
+            token,
+            0,
+            256 << 10,
+            64 << 10,
+            true,
+            None,
+            // Far beyond the test: only the loss can end this send.
+            Duration::from_secs(3600),
+            bytes.clone(),
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        )
+        .unwrap();
+    // SAFETY: kept alive and unwritten.
+    let mut first = unsafe { stream.send(bytes.as_ptr(), 64 << 10, 0) }.unwrap();
+    assert!(first.wait_until(std::time::Instant::now() + WAIT).unwrap());
+    a.peer_lost(1);
+    let error = verdict.recv_timeout(WAIT).unwrap().unwrap_err();
+    assert_eq!(error.code, Code::Unavailable, "{error}");
+    assert!(error.message.contains("process 1"), "{error}");
+    assert!(stream.stop().is_raised(), "a pipeline feeding it stops");
+    // SAFETY: as above.
+    let after = unsafe { stream.send(bytes.as_ptr(), 64 << 10, 64 << 10) };
+    assert!(after.is_err(), "no more chunks go");
+    drop(b);
+}

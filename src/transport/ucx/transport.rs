@@ -12,17 +12,21 @@ use std::time::{Duration, Instant};
 use once_cell::sync::OnceCell;
 
 use super::library::LoadedUcx;
+use super::stream::{ChunkOrder, ChunkPoster, ChunkSender, KeepAlive, StagedStreams};
 use super::transfer::{stripes, workers_per_process, Payload, SendDone, Transfer};
+use super::wire::{ChunkHeader, MAX_RECEIPT_LEN};
 use super::worker::{SendPart, WorkerHandle};
-use crate::status::Result;
+use crate::status::{self, Result};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::connections::ConnectionLimits;
 use crate::transport::registry::DestinationRegistry;
 use crate::transport::registry::ReceiptSink;
+use crate::transport::staging::Stop;
 
 pub struct UcxTransport {
-    workers: Vec<WorkerHandle>,
+    workers: Arc<Vec<WorkerHandle>>,
     registry: Arc<DestinationRegistry>,
+    streams: Arc<StagedStreams>,
     sink: Arc<OnceCell<ReceiptSink>>,
     next: AtomicUsize,
     version: String,
@@ -49,8 +53,18 @@ impl UcxTransport {
     pub fn with_workers(ucx: &LoadedUcx, me: u32, count: usize) -> Result<UcxTransport> {
         let registry = DestinationRegistry::new();
         let sink: Arc<OnceCell<ReceiptSink>> = Arc::default();
+        let streams = StagedStreams::new();
         let workers = (0..count.clamp(1, u16::MAX as usize))
-            .map(|index| WorkerHandle::start(ucx, me, index as u16, registry.clone(), sink.clone()))
+            .map(|index| {
+                WorkerHandle::start(
+                    ucx,
+                    me,
+                    index as u16,
+                    registry.clone(),
+                    sink.clone(),
+                    streams.clone(),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         // Which lanes UCX can have toward a peer decides whether the TCP
         // transport is the faster for some transfers (`transfer::route`).
@@ -66,8 +80,9 @@ impl UcxTransport {
             }
         };
         Ok(UcxTransport {
-            workers,
+            workers: Arc::new(workers),
             registry,
+            streams,
             sink,
             next: AtomicUsize::new(0),
             version: ucx.version.clone(),
@@ -103,7 +118,7 @@ impl UcxTransport {
 
     /// Every process's worker addresses (this one's included).
     pub fn set_peers(&self, peers: &HashMap<u32, Vec<Vec<u8>>>) {
-        for worker in &self.workers {
+        for worker in self.workers.iter() {
             worker.set_peers(peers.clone());
         }
     }
@@ -111,7 +126,7 @@ impl UcxTransport {
     /// Wires up the connections to every peer now (a client makes each on
     /// first use instead; tests wire up to start from connected endpoints).
     pub fn connect(&self, timeout: Duration) -> Result<()> {
-        for worker in &self.workers {
+        for worker in self.workers.iter() {
             worker.connect(timeout)?;
         }
         Ok(())
@@ -122,14 +137,14 @@ impl UcxTransport {
     /// Process `process` is gone (its control link closed): its sends
     /// waiting for an acknowledgement fail now, not at their deadline.
     pub fn peer_lost(&self, process: u32) {
-        for worker in &self.workers {
+        for worker in self.workers.iter() {
             worker.peer_lost(process);
         }
     }
 
     pub fn lanes(&self) -> HashMap<u32, String> {
         let mut lanes: HashMap<u32, Vec<String>> = HashMap::new();
-        for worker in &self.workers {
+        for worker in self.workers.iter() {
             for (peer, text) in worker.lanes() {
                 let known = lanes.entry(peer).or_default();
                 for lane in text.split(',').filter(|l| !l.is_empty()) {
@@ -159,9 +174,14 @@ impl UcxTransport {
     /// Bounds each worker's sweeps keep its open endpoints to (the
     /// client's `max_peer_connections`, `peer_idle_timeout_ms`).
     pub fn set_connection_limits(&self, limits: &ConnectionLimits) {
-        for worker in &self.workers {
+        for worker in self.workers.iter() {
             worker.set_connection_limits(limits.clone());
         }
+    }
+
+    /// Staged streams being landed now.
+    pub fn staged_streams(&self) -> usize {
+        self.streams.count()
     }
 
     pub fn rejected_messages(&self) -> u64 {
@@ -212,6 +232,115 @@ impl UcxTransport {
                 receipt: receipt.clone(),
                 mark_key,
             });
+        }
+    }
+
+    /// Opens a chunked stream of `len` bytes into the destination
+    /// registered under `token` at process `peer`, `offset` bytes in: each
+    /// chunk message at most `chunk_limit` bytes (the receiver's staging
+    /// chunk, or any size where it does not stage) and, where
+    /// `rendezvous`, forced to rendezvous. `keep` keeps the memory chunks
+    /// are sent from mapped while UCX may read it. `done` hears the
+    /// stream's one verdict (see `send`); the returned sender's stop is
+    /// raised if the stream fails first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_stream(
+        &self,
+        peer: u32,
+        token: AuthToken,
+        offset: u64,
+        len: usize,
+        chunk_limit: usize,
+        rendezvous: bool,
+        receipt: Option<Vec<u8>>,
+        timeout: Duration,
+        keep: KeepAlive,
+        done: SendDone,
+    ) -> Result<ChunkSender> {
+        let stop = Stop::new();
+        let on_failure = stop.clone();
+        let transfer = Arc::new(Transfer::new(
+            Payload::owned(Vec::new()),
+            1,
+            Box::new(move |outcome| {
+                if let Err(e) = &outcome {
+                    on_failure.raise(e.clone());
+                }
+                done(outcome);
+            }),
+        ));
+        let deadline = Instant::now() + timeout;
+        let home = self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let stream_request =
+            match self.workers[home].await_stream(peer, token, transfer.clone(), deadline, timeout)
+            {
+                Ok(request) => request,
+                Err(e) => {
+                    transfer.fail(e.clone());
+                    return Err(e);
+                }
+            };
+        let receipt = receipt
+            .filter(|receipt| receipt.len() <= MAX_RECEIPT_LEN)
+            .unwrap_or_default();
+        let poster: Arc<dyn ChunkPoster> = Arc::new(Poster {
+            workers: Arc::downgrade(&self.workers),
+            count: self.workers.len(),
+        });
+        Ok(ChunkSender {
+            poster,
+            peer,
+            transfer,
+            deadline,
+            timeout,
+            header: ChunkHeader {
+                token,
+                stream_offset: offset,
+                stream_length: len as u64,
+                offset,
+                length: 0,
+                request: 0,
+                stream_request,
+                sender: 0,
+                sender_worker: 0,
+                home_worker: home as u16,
+                receipt,
+            },
+            chunk_limit: chunk_limit.max(1),
+            rendezvous,
+            keep,
+            stop,
+            next_worker: home + 1,
+        })
+    }
+}
+
+/// A stream's way to the workers: weak, so a stream outliving its
+/// transport finds it stopped.
+struct Poster {
+    workers: std::sync::Weak<Vec<WorkerHandle>>,
+    count: usize,
+}
+
+impl ChunkPoster for Poster {
+    fn workers(&self) -> usize {
+        self.count
+    }
+
+    fn post(&self, worker: usize, chunk: ChunkOrder) {
+        match self.workers.upgrade() {
+            Some(workers) => workers[worker % workers.len()].send_chunk(chunk),
+            None => {
+                let stopped = status::unavailable("UCX transport: the client is being destroyed");
+                chunk.sent.set(Err(stopped.clone()));
+                chunk.transfer.fail(stopped);
+            }
+        }
+    }
+
+    fn abandon(&self, home: usize, stream_request: u64) {
+        if let Some(workers) = self.workers.upgrade() {
+            workers[home % workers.len()].abandon(stream_request);
         }
     }
 }

@@ -19,14 +19,30 @@
 //! bytes: the ACK is only believed by the sender that holds it, so a
 //! stranger who can reach the UCX port cannot complete someone's send),
 //! message length u32 (at most 4096); the UTF-8 message is the payload.
+//!
+//! CHUNK (AM id `AM_CHUNK`), sender to receiver, one of the messages of a
+//! chunked send (`stream.rs`): the bytes of the range `stream length` bytes
+//! from `stream offset` of a destination, each message `length` bytes at
+//! `offset` inside that range, the payload. Used where the receiver lands
+//! the bytes through its staging ring (the descriptor names the largest
+//! chunk it takes) and where the sender stages its own. Magic `"PXUC"`, auth
+//! token (32 bytes), stream offset u64, stream length u64, offset u64,
+//! length u64, request id u64 (this message's at its sending worker: a
+//! refusal of it goes back there), stream request id u64 (the one ACK of the
+//! whole stream answers it, sent to the home worker), sender's process
+//! index u32, sending worker u16, home worker u16, receipt length u16, then
+//! the receipt (as in DATA). 94 bytes plus the receipt.
 use crate::status::{self, Code, Result, Status};
 use crate::transport::auth_token::{AuthToken, AUTH_TOKEN_LEN};
 
 pub const AM_DATA: u32 = 1;
 pub const AM_ACK: u32 = 2;
+pub const AM_CHUNK: u32 = 3;
 
 pub const DATA_MAGIC: [u8; 4] = *b"PXU1";
 pub const ACK_MAGIC: [u8; 4] = *b"PXUA";
+pub const CHUNK_MAGIC: [u8; 4] = *b"PXUC";
+pub const CHUNK_HEADER_LEN: usize = 4 + AUTH_TOKEN_LEN + 8 * 6 + 4 + 2 + 2 + 2;
 pub const DATA_HEADER_LEN: usize = 4 + 4 + AUTH_TOKEN_LEN + 8 + 8 + 8 + 4 + 4;
 /// The longest receipt a DATA header may carry.
 pub const MAX_RECEIPT_LEN: usize = 1024;
@@ -102,6 +118,103 @@ impl DataHeader {
             sender_worker: u16::from_le_bytes([bytes[68], bytes[69]]),
             receipt: bytes[DATA_HEADER_LEN..].to_vec(),
         })
+    }
+}
+
+/// The header of one CHUNK message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub token: AuthToken,
+    /// The destination range the whole stream writes.
+    pub stream_offset: u64,
+    pub stream_length: u64,
+    /// This message's bytes: where they go in the destination, how many.
+    pub offset: u64,
+    pub length: u64,
+    /// This message's request id at its sending worker.
+    pub request: u64,
+    /// The stream's request id at its home worker (the final ACK's).
+    pub stream_request: u64,
+    pub sender: u32,
+    pub sender_worker: u16,
+    pub home_worker: u16,
+    /// Empty, or the receipt to apply once the whole stream landed.
+    pub receipt: Vec<u8>,
+}
+
+impl ChunkHeader {
+    /// Panics if the receipt is longer than `MAX_RECEIPT_LEN` (ours never is).
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.receipt.len() <= MAX_RECEIPT_LEN, "receipt too long");
+        let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + self.receipt.len());
+        out.extend_from_slice(&CHUNK_MAGIC);
+        out.extend_from_slice(self.token.as_bytes());
+        for value in [
+            self.stream_offset,
+            self.stream_length,
+            self.offset,
+            self.length,
+            self.request,
+            self.stream_request,
+        ] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        out.extend_from_slice(&self.sender.to_le_bytes());
+        out.extend_from_slice(&self.sender_worker.to_le_bytes());
+        out.extend_from_slice(&self.home_worker.to_le_bytes());
+        out.extend_from_slice(&(self.receipt.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.receipt);
+        out
+    }
+
+    /// Decodes and checks a header: its own length, and that the message
+    /// lies inside the stream's range (which must not overflow).
+    pub fn decode(bytes: &[u8]) -> Result<ChunkHeader> {
+        let at = CHUNK_HEADER_LEN - 2;
+        let receipt_len = bytes
+            .get(at..at + 2)
+            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]) as usize);
+        if receipt_len > MAX_RECEIPT_LEN || bytes.len() != CHUNK_HEADER_LEN + receipt_len {
+            return Err(status::invalid_argument(format!(
+                "UCX chunk header is {} bytes, expected {CHUNK_HEADER_LEN} and a receipt of at \
+                 most {MAX_RECEIPT_LEN}",
+                bytes.len()
+            )));
+        }
+        if bytes[0..4] != CHUNK_MAGIC {
+            return Err(status::invalid_argument(
+                "not a crosshost UCX chunk header (bad magic)",
+            ));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
+        let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+        let fields = 4 + AUTH_TOKEN_LEN;
+        let header = ChunkHeader {
+            token: AuthToken::from_bytes(bytes[4..fields].try_into().expect("32 bytes")),
+            stream_offset: u64_at(fields),
+            stream_length: u64_at(fields + 8),
+            offset: u64_at(fields + 16),
+            length: u64_at(fields + 24),
+            request: u64_at(fields + 32),
+            stream_request: u64_at(fields + 40),
+            sender: u32::from_le_bytes(bytes[fields + 48..fields + 52].try_into().expect("4")),
+            sender_worker: u16_at(fields + 52),
+            home_worker: u16_at(fields + 54),
+            receipt: bytes[CHUNK_HEADER_LEN..].to_vec(),
+        };
+        let stream_end = header.stream_offset.checked_add(header.stream_length);
+        let end = header.offset.checked_add(header.length);
+        match (stream_end, end) {
+            (Some(stream_end), Some(end))
+                if header.offset >= header.stream_offset && end <= stream_end =>
+            {
+                Ok(header)
+            }
+            _ => Err(status::invalid_argument(format!(
+                "UCX chunk of {} bytes at {} lies outside its stream ({} bytes at {})",
+                header.length, header.offset, header.stream_length, header.stream_offset
+            ))),
+        }
     }
 }
 
@@ -228,6 +341,56 @@ mod tests {
             ..header
         };
         assert_eq!(DataHeader::decode(&bare.encode()).unwrap(), bare);
+    }
+
+    #[test]
+    fn chunk_headers_round_trip_and_a_chunk_outside_its_stream_is_refused() {
+        let header = ChunkHeader {
+            token: AuthToken::from_bytes([5; AUTH_TOKEN_LEN]),
+            stream_offset: 64,
+            stream_length: 10 << 20,
+            offset: 64 + (4 << 20),
+            length: 4 << 20,
+            request: 9,
+            stream_request: 8,
+            sender: 2,
+            sender_worker: 1,
+            home_worker: 0,
+            receipt: b"xr1 ok 5".to_vec(),
+        };
+        let bytes = header.encode();
+        assert_eq!(bytes.len(), CHUNK_HEADER_LEN + 8);
+        assert_eq!(ChunkHeader::decode(&bytes).unwrap(), header);
+        assert!(ChunkHeader::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut magic = bytes.clone();
+        magic[3] = b'1';
+        assert!(ChunkHeader::decode(&magic).is_err());
+        for outside in [
+            ChunkHeader {
+                offset: 0,
+                ..header.clone()
+            },
+            ChunkHeader {
+                offset: 64 + (8 << 20),
+                ..header.clone()
+            },
+            ChunkHeader {
+                offset: u64::MAX,
+                ..header.clone()
+            },
+            ChunkHeader {
+                stream_offset: u64::MAX,
+                ..header.clone()
+            },
+        ] {
+            let error = ChunkHeader::decode(&outside.encode()).unwrap_err();
+            assert_eq!(error.code, Code::InvalidArgument, "{outside:?}");
+        }
+        let bare = ChunkHeader {
+            receipt: Vec::new(),
+            ..header
+        };
+        assert_eq!(ChunkHeader::decode(&bare.encode()).unwrap(), bare);
     }
 
     #[test]

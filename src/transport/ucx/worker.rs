@@ -12,10 +12,13 @@
 //! Callbacks from UCX (active messages, completions, endpoint failures) run
 //! inside `ucp_worker_progress` on the thread. They only record events; the
 //! loop acts on them between UCP calls, so no UCP call is made re-entrantly
-//! and no Rust state is borrowed across one. The exception is a DATA
-//! message, which must be taken while UCX holds it: its destination is
-//! claimed from the registry, eager bytes are copied in and a rendezvous
-//! receive into it is started right in the callback.
+//! and no Rust state is borrowed across one. The exception is a DATA or
+//! CHUNK message, which must be taken while UCX holds it: its destination
+//! is claimed from the registry, eager bytes are copied in and a rendezvous
+//! receive into it is started right in the callback (a chunk of a staged
+//! stream is queued instead, its rendezvous data left with UCX until the
+//! stream's thread has a ring slot for it and receives it through this
+//! worker's `ChunkPort`: `stream.rs`).
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CString};
@@ -30,9 +33,12 @@ use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
 use super::library::LoadedUcx;
+use super::stream::{
+    Arrived, ChunkOrder, ChunkPlace, ChunkPort, HeldData, KeepAlive, Signal, StagedStreams,
+};
 use super::sys::*;
 use super::transfer::Transfer;
-use super::wire::{Ack, DataHeader, AM_ACK, AM_DATA};
+use super::wire::{Ack, ChunkHeader, DataHeader, AM_ACK, AM_CHUNK, AM_DATA};
 use crate::status::{self, Result, Status};
 use crate::sync::threads::Slice;
 use crate::sync::timeline::{self, Point};
@@ -40,7 +46,7 @@ use crate::transport::auth_token::AuthToken;
 use crate::transport::connections::{choose_to_close, ConnectionLimits, Use};
 use crate::transport::destination::WritableDestination;
 use crate::transport::poll::WakeFd;
-use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink};
+use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink, StreamProgress};
 
 /// Longest sleep of an idle progress thread.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
@@ -87,11 +93,40 @@ enum Command {
     /// up (or failed).
     Connect(Sender<Result<()>>),
     Send(Box<SendPart>),
+    SendChunk(Box<ChunkOrder>),
+    /// What a staged stream asks of the worker holding its chunks' data
+    /// (`WorkerPort`), when the worker was busy.
+    Held(HeldOrder),
     /// The process is gone (its control link closed): what waits on it
     /// fails now.
     PeerLost(u32),
     Stop,
 }
+
+/// A staged stream's order to the worker that holds its chunks' data.
+enum HeldOrder {
+    /// Receive `data` into `len` bytes at `target`; tell `done`.
+    Receive {
+        data: HeldData,
+        target: SlotPointer,
+        len: usize,
+        done: Arc<Signal>,
+    },
+    Release(HeldData),
+    Acknowledge {
+        peer: Remote,
+        ack: Ack,
+        receipt: Option<(Arc<Landing>, Vec<u8>)>,
+    },
+}
+
+/// Where a held chunk lands: a ring slot its stream lends until `done`.
+struct SlotPointer(*mut u8);
+
+// SAFETY: the slot is the stream's pipeline's, lent whole to this receive
+// (`ChunkPort::receive`'s contract); only UCX writes it, from whichever
+// thread holds the worker.
+unsafe impl Send for SlotPointer {}
 
 /// What a UCX callback saw, for the loop to act on.
 enum Event {
@@ -136,6 +171,10 @@ struct Callbacks {
     receiving: RefCell<HashSet<usize>>,
     rejected: Arc<AtomicU64>,
     sink: Arc<OnceCell<ReceiptSink>>,
+    /// Streams into staged destinations (all workers of the transport).
+    streams: Arc<StagedStreams>,
+    /// This worker, as a staged stream reaches it (set once it runs).
+    port: OnceCell<Arc<dyn ChunkPort>>,
 }
 
 // SAFETY: the callbacks' state (the event list, the rendezvous set) is only
@@ -163,6 +202,26 @@ struct ReceiveOp {
     request: u64,
     token: AuthToken,
     receipt: Option<(Arc<Landing>, Vec<u8>)>,
+    /// A chunk of a stream written directly: the stream's progress and the
+    /// chunk's length (the stream is ACKed once, when its last byte landed).
+    chunk: Option<(Arc<StreamProgress>, u64)>,
+}
+
+/// What a send op's bytes are, and what answers it.
+enum OpBytes {
+    /// A part of a DATA send: its range of the transfer's payload; its
+    /// receiver's ACK answers it.
+    Part,
+    /// One CHUNK message: its own bytes (kept mapped by `keep`); no ACK of
+    /// its own (a refusal may come); `sent` is told when UCX is done
+    /// reading them.
+    Chunk {
+        bytes: *const u8,
+        _keep: KeepAlive,
+        sent: Arc<Signal>,
+    },
+    /// A chunked stream's home: no bytes, answered by the stream's one ACK.
+    Stream,
 }
 
 /// One part of a send (the whole buffer unless striped): its header stays
@@ -171,12 +230,15 @@ struct SendOp {
     peer: u32,
     token: AuthToken,
     header: Vec<u8>,
+    bytes: OpBytes,
     transfer: Arc<Transfer>,
     /// The part's range in the payload.
     start: usize,
     len: usize,
     /// Acknowledged, failed or expired: nothing more to tell.
     answered: bool,
+    /// Its deadline passed (and its endpoint was cut if UCX held it).
+    expired: bool,
     ucx_done: bool,
     deadline: Instant,
     timeout: Duration,
@@ -253,6 +315,7 @@ impl WorkerHandle {
         index: u16,
         registry: Arc<DestinationRegistry>,
         sink: Arc<OnceCell<ReceiptSink>>,
+        streams: Arc<StagedStreams>,
     ) -> Result<WorkerHandle> {
         let (commands, orders) = crossbeam_channel::unbounded();
         let wake = Arc::new(
@@ -266,9 +329,17 @@ impl WorkerHandle {
         let (ready, started) = crossbeam_channel::bounded(1);
         let api = ucx.api.clone();
         let thread_lanes = lanes.clone();
+        let (port_tx, port_rx) = crossbeam_channel::bounded::<Arc<Handle>>(1);
         let thread = crate::sync::threads::spawn("crosshost-ucx", Slice::Short, move || {
-            let created =
-                Worker::create(api, (me, index), registry, sink, thread_lanes, thread_held);
+            let created = Worker::create(
+                api,
+                (me, index),
+                registry,
+                sink,
+                streams,
+                thread_lanes,
+                thread_held,
+            );
             let setup = match created {
                 Ok(worker) => worker,
                 Err(e) => {
@@ -278,8 +349,17 @@ impl WorkerHandle {
             };
             let address = setup.address.clone();
             let rejected = setup.callbacks.rejected.clone();
+            let callbacks = setup.callbacks.clone();
             let worker = Arc::new(Mutex::new(setup));
             let _ = ready.send(Ok((address, rejected, worker.clone())));
+            // The handle exists once `start` has it: then chunks may come.
+            if let Ok(handle) = port_rx.recv() {
+                let port: Arc<dyn ChunkPort> = Arc::new(WorkerPort {
+                    worker: Arc::downgrade(&worker),
+                    handle: Arc::downgrade(&handle),
+                });
+                let _ = callbacks.port.set(port);
+            }
             Worker::run(&worker, orders, &thread_wake);
         })
         .map_err(|e| status::resource_exhausted(format!("UCX transport: thread: {e}")))?;
@@ -294,14 +374,16 @@ impl WorkerHandle {
                 return Err(status::internal("UCX transport: the progress thread died"));
             }
         };
+        let handle = Arc::new(Handle {
+            commands,
+            wake,
+            stopping: AtomicBool::new(false),
+            thread: Mutex::new(Some(thread)),
+        });
+        let _ = port_tx.send(handle.clone());
         Ok(WorkerHandle {
             worker,
-            handle: Arc::new(Handle {
-                commands,
-                wake,
-                stopping: AtomicBool::new(false),
-                thread: Mutex::new(Some(thread)),
-            }),
+            handle,
             address,
             lanes,
             rejected,
@@ -388,6 +470,124 @@ impl WorkerHandle {
             part.transfer.fail(stopped());
         }
     }
+
+    /// Sends one chunk message of a stream (see `send_part`).
+    pub fn send_chunk(&self, chunk: ChunkOrder) {
+        if self.handle.stopping.load(Ordering::Acquire) {
+            chunk.transfer.fail(stopped());
+            chunk.sent.set(Err(stopped()));
+            return;
+        }
+        if let Some(mut worker) = self.worker.try_lock() {
+            if !worker.stopped {
+                let left_work = worker.start_chunk(chunk);
+                drop(worker);
+                if left_work {
+                    self.handle.wake();
+                }
+                return;
+            }
+        }
+        if let Err(Command::SendChunk(chunk)) =
+            self.handle.order(Command::SendChunk(Box::new(chunk)))
+        {
+            chunk.transfer.fail(stopped());
+            chunk.sent.set(Err(stopped()));
+        }
+    }
+
+    /// Waits, on this worker, for the one ACK of a chunked stream to
+    /// `peer` under `token`; returns the request id its chunks name.
+    pub fn await_stream(
+        &self,
+        peer: u32,
+        token: AuthToken,
+        transfer: Arc<Transfer>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<u64> {
+        let mut worker = self.worker.lock();
+        if worker.stopped || self.handle.stopping.load(Ordering::Acquire) {
+            return Err(stopped());
+        }
+        Ok(worker.await_stream(peer, token, transfer, deadline, timeout))
+    }
+
+    /// A stream this worker waits for failed on its sending side: no ACK
+    /// is awaited any more.
+    pub fn abandon(&self, request: u64) {
+        let mut worker = self.worker.lock();
+        if let Some(op) = worker.sends.get_mut(&request) {
+            op.answered = true;
+        }
+        worker.release_if_finished(request);
+    }
+}
+
+/// A worker as a staged stream reaches it (`stream.rs`); weak, so a
+/// stream that outlives its transport finds it stopped.
+struct WorkerPort {
+    worker: std::sync::Weak<Mutex<Worker>>,
+    handle: std::sync::Weak<Handle>,
+}
+
+impl WorkerPort {
+    /// Carries out `order` on this thread if the worker is free, else has
+    /// its thread do so between two rounds of progress (never waiting for
+    /// the lock: the progress thread holds it while data flows). Gives the
+    /// order back when the worker is stopped.
+    fn order(&self, order: HeldOrder) -> std::result::Result<(), HeldOrder> {
+        let (Some(worker), Some(handle)) = (self.worker.upgrade(), self.handle.upgrade()) else {
+            return Err(order);
+        };
+        if let Some(mut worker) = worker.try_lock() {
+            if worker.stopped {
+                return Err(order);
+            }
+            worker.held(order);
+            drop(worker);
+            // What UCX was asked to do needs progress.
+            handle.wake();
+            return Ok(());
+        }
+        if handle.stopping.load(Ordering::Acquire) {
+            return Err(order);
+        }
+        match handle.order(Command::Held(order)) {
+            Ok(()) => Ok(()),
+            Err(Command::Held(order)) => Err(order),
+            Err(_) => unreachable!("the command given back is the one sent"),
+        }
+    }
+}
+
+impl ChunkPort for WorkerPort {
+    unsafe fn receive(&self, data: HeldData, target: *mut u8, len: usize, done: Arc<Signal>) {
+        let order = HeldOrder::Receive {
+            data,
+            target: SlotPointer(target),
+            len,
+            done,
+        };
+        if let Err(HeldOrder::Receive { done, .. }) = self.order(order) {
+            done.set(Err(stopped()));
+        }
+    }
+
+    fn release(&self, data: HeldData) {
+        // A stopped worker's UCX is gone with everything it held.
+        let _ = self.order(HeldOrder::Release(data));
+    }
+
+    fn acknowledge(&self, peer: Remote, ack: Ack, receipt: Option<(Arc<Landing>, Vec<u8>)>) {
+        let _ = self.order(HeldOrder::Acknowledge { peer, ack, receipt });
+    }
+}
+
+/// A receive of held chunk data into a ring slot: who hears of it.
+struct HeldReceive {
+    done: Arc<Signal>,
+    api: Arc<UcpApi>,
 }
 
 fn stopped() -> Status {
@@ -451,6 +651,7 @@ impl Worker {
         me: Remote,
         registry: Arc<DestinationRegistry>,
         sink: Arc<OnceCell<ReceiptSink>>,
+        streams: Arc<StagedStreams>,
         lanes: Lanes,
         held: Arc<AtomicUsize>,
     ) -> Result<Worker> {
@@ -521,10 +722,13 @@ impl Worker {
             receiving: RefCell::new(HashSet::new()),
             rejected: Default::default(),
             sink,
+            streams,
+            port: OnceCell::new(),
         });
         for (id, cb) in [
             (AM_DATA, on_data as ucp_am_recv_callback_t),
             (AM_ACK, on_ack as ucp_am_recv_callback_t),
+            (AM_CHUNK, on_chunk as ucp_am_recv_callback_t),
         ] {
             let handler = ucp_am_handler_param_t {
                 field_mask: UCP_AM_HANDLER_PARAM_FIELD_ID
@@ -572,17 +776,24 @@ impl Worker {
         'serve: loop {
             let (efd, sleep) = {
                 let mut worker = shared.lock();
-                while let Ok(command) = orders.try_recv() {
-                    match command {
-                        Command::Connect(reply) => worker.connect_all(reply),
-                        Command::Send(order) => {
-                            worker.start_send(*order);
+                // Orders are taken between rounds of progress, not only once
+                // UCX has nothing left to do: a stream's next chunk, sent
+                // while earlier ones flow, must not wait for a lull.
+                loop {
+                    let mut ordered = false;
+                    while let Ok(command) = orders.try_recv() {
+                        ordered = true;
+                        if worker.obey(command) {
+                            break 'serve;
                         }
-                        Command::PeerLost(process) => worker.peer_lost(process),
-                        Command::Stop => break 'serve,
+                    }
+                    // SAFETY: a live worker of this thread.
+                    let worked = unsafe { (worker.api.worker_progress)(worker.worker) };
+                    let acted = worker.handle_events();
+                    if worked == 0 && !acted && !ordered {
+                        break;
                     }
                 }
-                worker.progress();
                 let now = Instant::now();
                 worker.expire(now);
                 worker.sweep_endpoints(now);
@@ -621,6 +832,41 @@ impl Worker {
             }
         }
         shared.lock().shut_down(orders);
+    }
+
+    /// Carries out one order; true for `Stop`.
+    fn obey(&mut self, command: Command) -> bool {
+        match command {
+            Command::Connect(reply) => self.connect_all(reply),
+            Command::Send(order) => {
+                self.start_send(*order);
+            }
+            Command::SendChunk(order) => {
+                self.start_chunk(*order);
+            }
+            Command::Held(order) => self.held(order),
+            Command::PeerLost(process) => self.peer_lost(process),
+            Command::Stop => return true,
+        }
+        false
+    }
+
+    /// A staged stream's order (`WorkerPort`).
+    fn held(&mut self, order: HeldOrder) {
+        match order {
+            // SAFETY: `ChunkPort::receive`'s caller keeps the slot valid
+            // and to itself until `done` is told.
+            HeldOrder::Receive {
+                data,
+                target,
+                len,
+                done,
+            } => unsafe { self.receive_held(data, target.0, len, done) },
+            // SAFETY: data UCX handed to this worker's callback and kept
+            // (the callback returned UCS_INPROGRESS), released once.
+            HeldOrder::Release(data) => unsafe { (self.api.am_data_release)(self.worker, data.0) },
+            HeldOrder::Acknowledge { peer, ack, receipt } => self.landed(peer, ack, receipt),
+        }
     }
 
     /// Runs UCX until it has nothing more to do, acting on what its
@@ -664,7 +910,18 @@ impl Worker {
                         outcome,
                         receipt_applied: false,
                     };
-                    self.landed(op.peer, ack, op.receipt);
+                    match &op.chunk {
+                        None => self.landed(op.peer, ack, op.receipt),
+                        // A stream's one ACK: once its last byte landed,
+                        // or at its first failure.
+                        Some((progress, length)) => {
+                            let ok = ack.outcome.is_ok();
+                            if (ok && progress.landed(*length)) || (!ok && progress.fail()) {
+                                let receipt = if ok { op.receipt } else { None };
+                                self.landed(op.peer, ack, receipt);
+                            }
+                        }
+                    }
                 }
                 Event::EndpointFailed { peer, ep, status } => {
                     self.endpoint_failed(peer, ep, status)
@@ -885,17 +1142,148 @@ impl Worker {
                 peer: order.peer,
                 token: order.token,
                 header,
+                bytes: OpBytes::Part,
                 transfer: order.transfer,
                 start: order.start,
                 len: order.len,
                 answered: false,
+                expired: false,
                 ucx_done: false,
                 deadline: order.deadline,
                 timeout: order.timeout,
             },
         );
         self.held.store(self.sends.len(), Ordering::Release);
-        let op = self.sends.get(&request).expect("just inserted");
+        let rendezvous = order.len >= RENDEZVOUS_FROM;
+        self.submit(request, ep, AM_DATA, rendezvous)
+    }
+
+    /// Starts one chunk message of a stream; true when UCX holds it for
+    /// later progress.
+    fn start_chunk(&mut self, order: ChunkOrder) -> bool {
+        let ep = match self.endpoint(self.counterpart(order.peer)) {
+            Ok(ep) => ep,
+            Err(e) => {
+                order.sent.set(Err(e.clone()));
+                order.transfer.fail(e);
+                return false;
+            }
+        };
+        let request = self.next_request;
+        self.next_request += 1;
+        let mut header = order.header;
+        header.request = request;
+        header.sender = self.me.0;
+        header.sender_worker = self.me.1;
+        let len = header.length as usize;
+        let rendezvous = order.rendezvous || len >= RENDEZVOUS_FROM;
+        self.sends.insert(
+            request,
+            SendOp {
+                peer: order.peer,
+                token: header.token,
+                header: header.encode(),
+                bytes: OpBytes::Chunk {
+                    bytes: order.bytes,
+                    _keep: order.keep,
+                    sent: order.sent,
+                },
+                transfer: order.transfer,
+                start: 0,
+                len,
+                // No ACK of its own: the stream's home waits for that.
+                answered: true,
+                expired: false,
+                ucx_done: false,
+                deadline: order.deadline,
+                timeout: order.timeout,
+            },
+        );
+        self.held.store(self.sends.len(), Ordering::Release);
+        self.submit(request, ep, AM_CHUNK, rendezvous)
+    }
+
+    /// A chunked stream's home: waits for its one ACK until `deadline`.
+    fn await_stream(
+        &mut self,
+        peer: u32,
+        token: AuthToken,
+        transfer: Arc<Transfer>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> u64 {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.sends.insert(
+            request,
+            SendOp {
+                peer,
+                token,
+                header: Vec::new(),
+                bytes: OpBytes::Stream,
+                transfer,
+                start: 0,
+                len: 0,
+                answered: false,
+                expired: false,
+                // Nothing of its own for UCX to send.
+                ucx_done: true,
+                deadline,
+                timeout,
+            },
+        );
+        self.held.store(self.sends.len(), Ordering::Release);
+        request
+    }
+
+    /// Receives held rendezvous data into `target`; `done` is told from
+    /// the completion callback, or now if UCX finished (or failed) at once.
+    ///
+    /// # Safety
+    /// `target` must stay valid for `len` bytes, and unused by anyone else,
+    /// until `done` is told.
+    unsafe fn receive_held(
+        &mut self,
+        data: HeldData,
+        target: *mut u8,
+        len: usize,
+        done: Arc<Signal>,
+    ) {
+        let op = Box::into_raw(Box::new(HeldReceive {
+            done,
+            api: self.api.clone(),
+        }));
+        let mut recv = ucp_request_param_t::empty();
+        recv.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK
+            | UCP_OP_ATTR_FIELD_USER_DATA
+            | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        recv.cb.recv_am = Some(on_held_received);
+        recv.user_data = op.cast();
+        recv.memory_type = UCS_MEMORY_TYPE_HOST;
+        // SAFETY: `data` is rendezvous data this worker's callback kept
+        // (returning UCS_INPROGRESS) and nobody received or released yet;
+        // the caller keeps `target` valid until `done` is told.
+        let started =
+            unsafe { (self.api.am_recv_data_nbx)(self.worker, data.0, target.cast(), len, &recv) };
+        if ptr_is_request(started) {
+            return;
+        }
+        // SAFETY: done (or failed) at once: no callback will come, and the
+        // op is still ours.
+        let op = unsafe { Box::from_raw(op) };
+        op.done.set(match ptr_status(started) {
+            UCS_OK => Ok(()),
+            failed => Err(status::unavailable(format!(
+                "UCX receiver: receiving a staged chunk failed: {}",
+                self.api.describe(failed)
+            ))),
+        });
+    }
+
+    /// Sends the op `request` (already in `sends`) over `ep` as active
+    /// message `id`; true when UCX holds it for later progress.
+    fn submit(&mut self, request: u64, ep: ucp_ep_h, id: u32, rendezvous: bool) -> bool {
+        let op = self.sends.get(&request).expect("inserted by the caller");
         let mut param = ucp_request_param_t::empty();
         param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK
             | UCP_OP_ATTR_FIELD_USER_DATA
@@ -907,20 +1295,27 @@ impl Worker {
         // The receiver answers a refusal over this very connection: it never
         // dials a sender it does not know to be real.
         param.flags = UCP_AM_SEND_FLAG_REPLY;
-        if op.len >= RENDEZVOUS_FROM {
+        if rendezvous {
             param.flags |= UCP_AM_SEND_FLAG_RNDV;
         }
-        // SAFETY: the header lives in the op and the bytes in its transfer,
-        // both kept until UCX reports the request complete; the part's range
-        // lies inside the payload (`UcxTransport::send` cut it); the ep is
-        // live.
+        let bytes = match &op.bytes {
+            // SAFETY: the part's range lies inside the payload
+            // (`UcxTransport::send` cut it).
+            OpBytes::Part => unsafe { op.transfer.payload.as_ptr().add(op.start) },
+            OpBytes::Chunk { bytes, .. } => *bytes,
+            OpBytes::Stream => std::ptr::null(),
+        };
+        // SAFETY: the header lives in the op and the bytes in its transfer
+        // (a part) or with its keep-alive and unwritten until `sent` is told
+        // (a chunk), all kept until UCX reports the request complete; the ep
+        // is live.
         let sent = unsafe {
             (self.api.am_send_nbx)(
                 ep,
-                AM_DATA,
+                id,
                 op.header.as_ptr().cast(),
                 op.header.len(),
-                op.transfer.payload.as_ptr().add(op.start).cast(),
+                bytes.cast(),
                 op.len,
                 &param,
             )
@@ -946,14 +1341,24 @@ impl Worker {
             return;
         };
         op.ucx_done = true;
-        if status != UCS_OK && !op.answered {
-            op.answered = true;
-            let error = status::unavailable(format!(
+        let chunk = matches!(op.bytes, OpBytes::Chunk { .. });
+        let error = (status != UCS_OK).then(|| {
+            status::unavailable(format!(
                 "UCX send to process {} failed: {}",
                 op.peer,
                 self.api.describe(status)
-            ));
-            op.transfer.fail(error);
+            ))
+        });
+        if let Some(error) = &error {
+            // A chunk answers for its stream: its failure is the stream's.
+            if !op.answered || chunk {
+                op.answered = true;
+                op.transfer.fail(error.clone());
+            }
+        }
+        // UCX no longer reads the chunk's bytes.
+        if let OpBytes::Chunk { sent, .. } = &op.bytes {
+            sent.set(error.map_or(Ok(()), Err));
         }
         self.release_if_finished(request);
     }
@@ -972,7 +1377,10 @@ impl Worker {
             return;
         }
         let peer = op.peer;
-        if !op.answered {
+        if let (OpBytes::Chunk { .. }, Err(e)) = (&op.bytes, &ack.outcome) {
+            // A chunk is answered only by a refusal: its stream fails.
+            op.transfer.fail(e.clone());
+        } else if !op.answered {
             op.answered = true;
             match &ack.outcome {
                 Ok(()) => op.transfer.part_acked(ack.receipt_applied),
@@ -997,10 +1405,15 @@ impl Worker {
     /// Sends past their deadline fail; one that UCX still holds is cut off
     /// by closing its endpoint (the peer is not answering).
     fn expire(&mut self, now: Instant) {
+        // A chunk UCX still holds past its stream's deadline is late too
+        // (its receiver is not taking it): the endpoint is cut.
         let late: Vec<u64> = self
             .sends
             .iter()
-            .filter(|(_, op)| !op.answered && op.deadline <= now)
+            .filter(|(_, op)| {
+                let chunk_held = matches!(op.bytes, OpBytes::Chunk { .. }) && !op.ucx_done;
+                (!op.answered || chunk_held) && !op.expired && op.deadline <= now
+            })
             .map(|(id, _)| *id)
             .collect();
         for request in late {
@@ -1008,6 +1421,8 @@ impl Worker {
                 continue;
             };
             op.answered = true;
+            // Once: the endpoint is cut below, and UCX completes the chunk.
+            op.expired = true;
             let peer = op.peer;
             // `timeout` is what was left of the send's own time when the
             // transfer began.
@@ -1048,6 +1463,15 @@ impl Worker {
                 )),
             );
             self.close_endpoint(peer, true);
+            // Its staged streams into this process fail now too.
+            self.callbacks.streams.end_from(
+                peer.0,
+                &status::unavailable(format!(
+                    "UCX: the endpoint to the sending process {} failed ({why}) before its \
+                     staged stream landed",
+                    peer.0
+                )),
+            );
             if let Some(state) = self.peers.get_mut(&peer) {
                 state.failed = Some(why);
             }
@@ -1069,6 +1493,13 @@ impl Worker {
         );
         let remote = self.counterpart(process);
         self.close_endpoint(remote, true);
+        self.callbacks.streams.end_from(
+            process,
+            &status::unavailable(format!(
+                "the sending process {process} is gone (its control link closed) before its \
+                 staged stream landed"
+            )),
+        );
     }
 
     fn fail_unanswered_to(&mut self, process: u32, error: Status) {
@@ -1220,14 +1651,22 @@ impl Worker {
         self.stopped = true;
         // Whatever is still queued or waiting fails now.
         while let Ok(command) = orders.try_recv() {
-            if let Command::Send(order) = command {
-                order.transfer.fail(stopped());
+            match command {
+                Command::Send(order) => order.transfer.fail(stopped()),
+                Command::SendChunk(order) => {
+                    order.transfer.fail(stopped());
+                    order.sent.set(Err(stopped()));
+                }
+                Command::Held(HeldOrder::Receive { done, .. }) => done.set(Err(stopped())),
+                _ => {}
             }
         }
         for op in self.sends.values_mut() {
             op.answered = true;
             op.transfer.fail(stopped());
         }
+        // The transport's staged streams stop where they are.
+        self.callbacks.streams.end_all(&stopped());
         for connecting in self.connecting.drain(..) {
             let _ = connecting.reply.send(Err(stopped()));
         }
@@ -1266,6 +1705,12 @@ impl Worker {
             (self.api.cleanup)(self.context);
         }
         CURRENT.with(|current| current.borrow_mut().take());
+        // UCX is gone: no chunk's bytes are read any more.
+        for op in self.sends.values() {
+            if let OpBytes::Chunk { sent, .. } = &op.bytes {
+                sent.set(Err(stopped()));
+            }
+        }
         // No callback can run any more: free what was still in flight.
         for op in self.callbacks.receiving.borrow_mut().drain() {
             // SAFETY: ops in `receiving` came from Box::into_raw and were not
@@ -1397,6 +1842,14 @@ unsafe extern "C" fn on_data(
         Err(refusal) => return refuse_answering(refusal),
     };
     let destination = claimed.destination;
+    if destination.staged().is_some() && length > 0 {
+        // Its bytes land through its staging ring, in chunks (its pointer
+        // may be null): a DATA message cannot take it.
+        return refuse_answering(status::failed_precondition(
+            "the destination is staged: it takes its bytes as chunk messages of at most the \
+             size its descriptor names",
+        ));
+    }
     // A receipt applies only to a destination whose key this process holds.
     let receipt = match claimed.landing {
         Some(landing) if !parsed.receipt.is_empty() => Some((landing, parsed.receipt.clone())),
@@ -1431,6 +1884,7 @@ unsafe extern "C" fn on_data(
         request: parsed.request,
         token: parsed.token,
         receipt,
+        chunk: None,
     }));
     let mut recv = ucp_request_param_t::empty();
     recv.op_attr_mask =
@@ -1486,6 +1940,209 @@ unsafe extern "C" fn on_receive_complete(
     callbacks.push(Event::ReceiveCompleted { op, status });
     // SAFETY: the request's one completion; UCX allows freeing it here.
     unsafe { (callbacks.api.request_free)(request) };
+}
+
+/// CHUNK: one message of a chunked stream (`stream.rs`). Claimed from the
+/// registry; a staged destination's chunk is queued for its stream's thread
+/// (rendezvous data kept with UCX: `UCS_INPROGRESS`), any other's lands
+/// where it belongs at once (eager) or through a rendezvous receive, and
+/// the stream is ACKed once, when its last byte landed.
+unsafe extern "C" fn on_chunk(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    // SAFETY: as in `on_data`.
+    let callbacks = unsafe { &*(arg as *const Callbacks) };
+    // SAFETY: UCX passes a valid param and `header_length` header bytes.
+    let (recv_attr, header, reply_ep) = unsafe {
+        (
+            (*param).recv_attr,
+            std::slice::from_raw_parts(header.cast::<u8>(), header_length),
+            (*param).reply_ep,
+        )
+    };
+    let rendezvous = recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV != 0;
+    let parsed = match ChunkHeader::decode(header) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+            callbacks.push(Event::Dropped(format!(
+                "a chunk message was dropped: {}",
+                e.message
+            )));
+            return UCS_OK;
+        }
+    };
+    // A refusal answers this message's own request, over the connection it
+    // came on (never over a new one), and fails its stream at the sender.
+    let refuse = |refusal: Status| {
+        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+        let ack = Ack {
+            request: parsed.request,
+            token: parsed.token,
+            outcome: Err(refusal),
+            receipt_applied: false,
+        };
+        if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP != 0 && !reply_ep.is_null() {
+            if let Err(e) = send_ack_over(&callbacks.api, reply_ep, &ack) {
+                callbacks.push(Event::Dropped(format!(
+                    "a refusal for process {} could not be sent: {e}",
+                    parsed.sender
+                )));
+            }
+        } else {
+            callbacks.push(Event::Received {
+                peer: (parsed.sender, parsed.sender_worker),
+                ack,
+                receipt: None,
+            });
+        }
+        UCS_OK
+    };
+    if parsed.length != length as u64 {
+        return refuse(status::invalid_argument(format!(
+            "a {length}-byte chunk whose header says {} bytes",
+            parsed.length
+        )));
+    }
+    let Some(port) = callbacks.port.get() else {
+        return refuse(status::unavailable(
+            "UCX receiver: not ready for chunks yet",
+        ));
+    };
+    let placed = callbacks
+        .streams
+        .arrive(&callbacks.registry, &parsed, port, || {
+            if rendezvous {
+                Arrived::Held {
+                    data: HeldData(data),
+                    port: port.clone(),
+                }
+            } else {
+                let bytes = if length == 0 {
+                    Vec::new()
+                } else {
+                    // SAFETY: eager data: `length` readable bytes at `data`
+                    // for the duration of this callback.
+                    unsafe { std::slice::from_raw_parts(data.cast::<u8>(), length) }.to_vec()
+                };
+                Arrived::Eager(bytes)
+            }
+        });
+    let claimed = match placed {
+        Err(refusal) => return refuse(refusal),
+        // Kept by its stream until its thread has a slot for it.
+        Ok(ChunkPlace::Staged) if rendezvous => return UCS_INPROGRESS,
+        Ok(ChunkPlace::Staged) => return UCS_OK,
+        Ok(ChunkPlace::Direct(claimed)) => claimed,
+    };
+    let home = (parsed.sender, parsed.home_worker);
+    let receipt = match &claimed.landing {
+        Some(landing) if !parsed.receipt.is_empty() => {
+            Some((landing.clone(), parsed.receipt.clone()))
+        }
+        _ => None,
+    };
+    let ack = |outcome: Result<()>| Ack {
+        request: parsed.stream_request,
+        token: parsed.token,
+        outcome,
+        receipt_applied: false,
+    };
+    // SAFETY: the chunk lies inside its stream's range, which lies inside
+    // the destination (both checked by the claim); the memory stays valid
+    // while `claimed.destination` (or the op holding it) lives, under the
+    // WritableDestination contract (not staged: its pointer is real).
+    let target = unsafe { claimed.destination.as_mut_ptr().add(parsed.offset as usize) };
+    if !rendezvous {
+        if length > 0 {
+            // SAFETY: eager data: `length` readable bytes at `data` for the
+            // duration of this callback; the target range is ours (claimed).
+            unsafe { std::ptr::copy_nonoverlapping(data.cast::<u8>(), target, length) };
+        }
+        if claimed.progress.landed(parsed.length) {
+            callbacks.push(Event::Received {
+                peer: home,
+                ack: ack(Ok(())),
+                receipt,
+            });
+        }
+        return UCS_OK;
+    }
+    let op = Box::into_raw(Box::new(ReceiveOp {
+        callbacks,
+        _destination: claimed.destination,
+        peer: home,
+        request: parsed.stream_request,
+        token: parsed.token,
+        receipt,
+        chunk: Some((claimed.progress, parsed.length)),
+    }));
+    let mut recv = ucp_request_param_t::empty();
+    recv.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    recv.cb.recv_am = Some(on_receive_complete);
+    recv.user_data = op.cast();
+    recv.memory_type = UCS_MEMORY_TYPE_HOST;
+    // SAFETY: `data` is the rendezvous descriptor UCX just handed us; the
+    // target range stays valid while the op (holding the destination) lives.
+    let started = unsafe {
+        (callbacks.api.am_recv_data_nbx)(callbacks.worker, data, target.cast(), length, &recv)
+    };
+    if ptr_is_request(started) {
+        callbacks.receiving.borrow_mut().insert(op as usize);
+        return UCS_INPROGRESS;
+    }
+    // SAFETY: done (or failed) at once: no callback will come, and the op
+    // is still ours.
+    let op = unsafe { Box::from_raw(op) };
+    let Some((progress, chunk_len)) = op.chunk else {
+        return UCS_INPROGRESS;
+    };
+    match ptr_status(started) {
+        UCS_OK if progress.landed(chunk_len) => callbacks.push(Event::Received {
+            peer: home,
+            ack: ack(Ok(())),
+            receipt: op.receipt,
+        }),
+        UCS_OK => {}
+        failed if progress.fail() => callbacks.push(Event::Received {
+            peer: home,
+            ack: ack(Err(status::unavailable(format!(
+                "UCX receiver: receiving a chunk failed: {}",
+                callbacks.api.describe(failed)
+            )))),
+            receipt: None,
+        }),
+        _ => {}
+    }
+    UCS_INPROGRESS
+}
+
+/// A receive of held chunk data into a ring slot completed.
+unsafe extern "C" fn on_held_received(
+    request: *mut c_void,
+    status: ucs_status_t,
+    _length: usize,
+    user_data: *mut c_void,
+) {
+    // SAFETY: made by Box::into_raw in `receive_held`, freed only here
+    // (this request's one completion).
+    let op = unsafe { Box::from_raw(user_data as *mut HeldReceive) };
+    op.done.set(if status == UCS_OK {
+        Ok(())
+    } else {
+        Err(status::unavailable(format!(
+            "UCX receiver: receiving a staged chunk failed: {}",
+            op.api.describe(status)
+        )))
+    });
+    // SAFETY: the request's one completion; UCX allows freeing it here.
+    unsafe { (op.api.request_free)(request) };
 }
 
 unsafe extern "C" fn on_ack(
