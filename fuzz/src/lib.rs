@@ -22,6 +22,9 @@ use pjrt_crosshost::transport::tcp::wire::{
     encode_response, read_response, RequestHeader, MAX_RESPONSE_MESSAGE_LEN,
 };
 use pjrt_crosshost::transport::tcp::REQUEST_HEADER_LEN;
+use pjrt_crosshost::transport::ucx::wire::{
+    Ack, ChunkHeader, DataHeader, ACK_HEADER_LEN, AM_ACK, AM_CHUNK, AM_DATA,
+};
 
 pub mod seeds;
 
@@ -104,6 +107,77 @@ pub fn check_receipt(bytes: &[u8]) {
     let decoded_again = Receipt::decode(&again).expect("the re-encoding must decode");
     assert_eq!(decoded_again, receipt, "decode(encode(r)) != r");
     assert_eq!(decoded_again.encode(), again);
+}
+
+// ------------------------------- UCX wire ------------------------------------
+
+/// The headers of the UCX transport's active messages, which anyone who can
+/// reach a worker's port can send: byte 0 picks the message (its AM id, 1
+/// DATA, 2 ACK, 3 CHUNK, taken modulo 3), the rest is the header (an ACK's
+/// first `ACK_HEADER_LEN` bytes, its message the remainder).
+pub fn check_ucx_am_header(bytes: &[u8]) {
+    let Some((&which, rest)) = bytes.split_first() else {
+        return;
+    };
+    match u32::from(which % 3) + 1 {
+        AM_DATA => check_ucx_data_header(rest),
+        AM_ACK => check_ucx_ack(rest),
+        AM_CHUNK => check_ucx_chunk_header(rest),
+        _ => unreachable!("an id modulo 3, plus 1"),
+    }
+}
+
+fn check_ucx_data_header(bytes: &[u8]) {
+    let header = match DataHeader::decode(bytes) {
+        Ok(header) => header,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    assert!(header.part < header.parts, "{header:?}");
+    let again = header.encode();
+    assert_eq!(again, bytes, "an accepted DATA header is not canonical");
+    assert_eq!(DataHeader::decode(&again).unwrap(), header);
+}
+
+fn check_ucx_chunk_header(bytes: &[u8]) {
+    let header = match ChunkHeader::decode(bytes) {
+        Ok(header) => header,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    // Accepted: the message lies inside its stream, with no overflow.
+    let stream_end = header.stream_offset.checked_add(header.stream_length);
+    let end = header.offset.checked_add(header.length);
+    assert!(
+        matches!((stream_end, end), (Some(s), Some(e)) if header.offset >= header.stream_offset && e <= s),
+        "{header:?}"
+    );
+    let again = header.encode();
+    assert_eq!(again, bytes, "an accepted CHUNK header is not canonical");
+    assert_eq!(ChunkHeader::decode(&again).unwrap(), header);
+}
+
+fn check_ucx_ack(bytes: &[u8]) {
+    let split = bytes.len().min(ACK_HEADER_LEN);
+    let (header, payload) = bytes.split_at(split);
+    let ack = match Ack::decode(header, payload) {
+        Ok(ack) => ack,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    if let Err(status) = &ack.outcome {
+        assert!((1..=16).contains(&(status.code as i32)), "{status}");
+        assert!(!ack.receipt_applied, "a receipt applied by a failed ACK");
+    }
+    let (header, payload) = ack.encode();
+    let decoded = Ack::decode(&header, &payload).expect("the re-encoding must decode");
+    assert_eq!(decoded, ack, "decode(encode(ack)) != ack");
 }
 
 // ------------------------------- TCP wire ------------------------------------
@@ -342,12 +416,13 @@ pub fn check_for(target: &str) -> Option<fn(&[u8])> {
         "control_endpoint" => check_control_endpoint,
         "control_frame" => check_control_frame,
         "keys" => check_keys,
+        "ucx_am_header" => check_ucx_am_header,
         _ => return None,
     })
 }
 
 /// Every fuzz target, in the order the scripts run them.
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 11] = [
     "descriptor_raw",
     "descriptor_sealed",
     "receipt",
@@ -358,4 +433,5 @@ pub const TARGETS: [&str; 10] = [
     "control_endpoint",
     "control_frame",
     "keys",
+    "ucx_am_header",
 ];

@@ -9,6 +9,7 @@ use pjrt_crosshost::transport::auth_token::{AuthToken, AUTH_TOKEN_LEN};
 use pjrt_crosshost::transport::control::{encode_frame_for_fuzzing, ControlEndpoint, Secret};
 use pjrt_crosshost::transport::host_identity::HostIdentity;
 use pjrt_crosshost::transport::tcp::wire::{encode_response, RequestHeader, Response};
+use pjrt_crosshost::transport::ucx::wire::{Ack, ChunkHeader, DataHeader};
 
 /// One seed: the target it is for, a file name, the bytes.
 pub struct Seed {
@@ -78,6 +79,20 @@ fn allocations() -> Vec<(&'static str, AllocationHandle)> {
             },
         ),
         ("cudaipc", AllocationHandle::CudaIpc { handle: [3; 64] }),
+        (
+            "ucx",
+            AllocationHandle::Ucx {
+                process: 3,
+                staged_chunk: 0,
+            },
+        ),
+        (
+            "ucx-staged",
+            AllocationHandle::Ucx {
+                process: 3,
+                staged_chunk: 4 << 20,
+            },
+        ),
     ]
 }
 
@@ -321,6 +336,60 @@ pub fn all() -> Vec<Seed> {
         let mut bytes = vec![how];
         bytes.extend_from_slice(&encode_frame_for_fuzzing(op, id, &payload));
         add("control_frame", name, bytes);
+    }
+
+    // UCX active-message headers; byte 0 picks the message (see
+    // `check_ucx_am_header`): 1 DATA, 2 ACK, 3 CHUNK.
+    let token = AuthToken::from_bytes([9; AUTH_TOKEN_LEN]);
+    for (name, receipt) in [("data", Vec::new()), ("data-receipt", b"xr1 ok 1f".to_vec())] {
+        let header = DataHeader {
+            part: 1,
+            parts: 3,
+            token,
+            offset: 4096,
+            length: 1 << 20,
+            request: 77,
+            sender: 2,
+            sender_worker: 1,
+            receipt,
+        };
+        add("ucx_am_header", name, [&[1u8][..], &header.encode()].concat());
+    }
+    for (name, outcome, receipt_applied) in [
+        ("ack-ok", Ok(()), true),
+        (
+            "ack-refused",
+            Err(status::unauthenticated("no destination for that token")),
+            false,
+        ),
+    ] {
+        let (header, payload) = Ack {
+            request: 77,
+            token,
+            outcome,
+            receipt_applied,
+        }
+        .encode();
+        add("ucx_am_header", name, [&[2u8][..], &header, &payload].concat());
+    }
+    for (name, offset, receipt) in [
+        ("chunk-first", 64, Vec::new()),
+        ("chunk-last", 64 + (8 << 20), b"xr1 ok 1f".to_vec()),
+    ] {
+        let header = ChunkHeader {
+            token,
+            stream_offset: 64,
+            stream_length: 10 << 20,
+            offset,
+            length: if offset == 64 { 4 << 20 } else { 2 << 20 },
+            request: 5,
+            stream_request: 4,
+            sender: 2,
+            sender_worker: 1,
+            home_worker: 0,
+            receipt,
+        };
+        add("ucx_am_header", name, [&[3u8][..], &header.encode()].concat());
     }
 
     for (api, key) in completion_keys() {
