@@ -27,7 +27,7 @@ use crate::transport::shm_owner::OwnerWatch;
 use crate::transport::staging::{CudaCopy, Drain, HostSource, Staging, Stop};
 use crate::transport::stream_copy::copy_past_cache;
 use crate::transport::tcp::{Payload as TcpPayload, TcpSender};
-use crate::transport::ucx::{KeepAlive, Payload, SendDone};
+use crate::transport::ucx::{KeepAlive, Payload, SendBytes, SendDone};
 
 /// From this size a copy into shared memory populates its range first: one
 /// madvise costs less than the page faults it saves.
@@ -435,19 +435,22 @@ impl TransferService {
             None
         };
         // Where the chunks are read from while UCX may read them: the send
-        // ring (kept by its owner), else the source itself (a copy of it
-        // where it is not host memory readable in place).
-        let (direct, keep): (Option<*const u8>, KeepAlive) = match &staging {
+        // ring, else the source itself (a copy of it where it is not host
+        // memory readable in place).
+        let (direct, keep): (Option<SendBytes>, KeepAlive) = match &staging {
             Some(staging) => (None, staging.clone()),
             None => match memory.host_pointer() {
-                Ok(Some(pointer)) => (Some(pointer as *const u8), Arc::new(memory.clone())),
+                Ok(Some(_)) => (
+                    Some(SendBytes::Memory(memory.clone())),
+                    Arc::new(memory.clone()),
+                ),
                 Ok(None) => {
                     let mut copy = vec![0u8; len];
                     if let Err(e) = memory.read(0, &mut copy) {
                         return fail(e, source, descriptor, promise);
                     }
                     let copy = Arc::new(copy);
-                    (Some(copy.as_ptr()), copy)
+                    (Some(SendBytes::Copy(copy.clone())), copy)
                 }
                 Err(e) => return fail(e, source, descriptor, promise),
             },
@@ -485,44 +488,28 @@ impl TransferService {
             // Its failure was told to the send already.
             return;
         };
-        let stop = stream.stop().clone();
         let sent = match (&staging, direct) {
-            (Some(staging), _) => {
-                let mut wire = |bytes: &[u8], at: usize| {
-                    // SAFETY: a send-ring slot: the pipeline leaves it
-                    // unwritten until the completion returned here is done
-                    // (parks it if it stops first), and the ring lives as
-                    // long as `keep`, the stream's keep-alive.
-                    unsafe { stream.send(bytes.as_ptr(), bytes.len(), at) }
-                };
-                match memory.as_cuda() {
-                    Some(_) => CudaCopy::new(memory.clone()).and_then(|copier| {
-                        staging.send_async(&copier, 0, len, &mut wire, &stop, timeout)
-                    }),
-                    None => {
-                        let mut chunks = 0;
-                        memory
-                            .read_with(&mut |bytes| {
-                                chunks = staging.send_async(
-                                    &HostSource::new(bytes),
-                                    0,
-                                    len,
-                                    &mut wire,
-                                    &stop,
-                                    timeout,
-                                )?;
-                                Ok(())
-                            })
-                            .map(|()| chunks)
-                    }
+            (Some(staging), _) => match memory.as_cuda() {
+                Some(_) => CudaCopy::new(memory.clone())
+                    .and_then(|copier| stream.send_through_ring(staging, &copier, timeout)),
+                None => {
+                    let mut chunks = 0;
+                    memory
+                        .read_with(&mut |bytes| {
+                            chunks = stream.send_through_ring(
+                                staging,
+                                &HostSource::new(bytes),
+                                timeout,
+                            )?;
+                            Ok(())
+                        })
+                        .map(|()| chunks)
                 }
-                .map(|_| {
-                    self.metrics.staged_over(ByteRoute::Ucx, len as u64);
-                })
             }
-            // SAFETY: the source's host memory (or a copy of it), kept
-            // mapped by `keep` and never written while the send lasts.
-            (None, Some(pointer)) => unsafe { stream.send_all(pointer, timeout) },
+            .map(|_| {
+                self.metrics.staged_over(ByteRoute::Ucx, len as u64);
+            }),
+            (None, Some(bytes)) => stream.send_from(bytes, timeout),
             (None, None) => Err(status::internal("a chunked send with nothing to send")),
         };
         if let Err(e) = sent {

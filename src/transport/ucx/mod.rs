@@ -64,7 +64,7 @@ pub use library::{
     choose, load, load_for, rdma_devices, survey, Candidate, Choice, LoadedUcx, Needs, Source,
     Survey, MINIMUM_VERSION, RDMA_DEVICES_DIR_ENV, UCX_ENVIRONMENT, UCX_LIBRARY_ENV, UCX_WHEEL_ENV,
 };
-pub use stream::{ChunkSender, KeepAlive, STAGED_PATIENCE};
+pub use stream::{ChunkSender, KeepAlive, SendBytes, STAGED_PATIENCE};
 pub use transfer::{Payload, SendDone};
 pub use transport::UcxTransport;
 pub use worker::lane_transports;

@@ -38,11 +38,14 @@ use parking_lot::{Condvar, Mutex};
 
 use super::transfer::Transfer;
 use super::wire::{Ack, ChunkHeader};
+use crate::backend::Allocation;
 use crate::status::{self, Result, Status};
 use crate::transport::auth_token::AuthToken;
 use crate::transport::destination::WritableDestination;
 use crate::transport::registry::{ClaimedChunk, DestinationRegistry, Landing};
-use crate::transport::staging::{ChunkSource, CopyCompletion, Pending, Slot, Stop};
+use crate::transport::staging::{
+    ChunkSource, CopyCompletion, DeviceCopy, Pending, Slot, Staging, Stop,
+};
 
 /// A worker of another process: (process, worker index).
 pub type Remote = (u32, u16);
@@ -354,6 +357,14 @@ impl ChunkSource for Source<'_> {
     }
 }
 
+/// Host bytes a chunked send reads in place (`ChunkSender::send_from`).
+pub enum SendBytes {
+    /// The source allocation itself (host memory readable in place).
+    Memory(Allocation),
+    /// A copy of the source, made where it could not be read in place.
+    Copy(Arc<Vec<u8>>),
+}
+
 /// A stream's chunk and where its bytes go.
 pub enum ChunkPlace {
     /// Straight into the destination: the claim (its memory, landing and
@@ -627,6 +638,60 @@ impl ChunkSender {
                 )));
             }
         }
+    }
+
+    /// Sends the stream through `staging`'s send ring, `device` copying the
+    /// source into it chunk by chunk, each slot on the wire while the next
+    /// is filled; returns the number of chunks.
+    pub fn send_through_ring(
+        &mut self,
+        staging: &Arc<Staging>,
+        device: &dyn DeviceCopy,
+        patience: Duration,
+    ) -> Result<usize> {
+        let len = self.header.stream_length as usize;
+        // The ring outlives every message of the stream that reads a slot.
+        self.keep = staging.clone();
+        let stop = self.stop.clone();
+        let mut wire = |bytes: &[u8], at: usize| {
+            // SAFETY: a send-ring slot: the pipeline leaves it unwritten
+            // until the completion returned here is done (it parks the slot
+            // if it stops first), and the ring lives as long as the stream's
+            // keep-alive, set to it above.
+            unsafe { self.send(bytes.as_ptr(), bytes.len(), at) }
+        };
+        staging.send_async(device, 0, len, &mut wire, &stop, patience)
+    }
+
+    /// Sends the whole stream straight from `source`, with no staging on
+    /// this side, and waits until UCX read it all.
+    pub fn send_from(&mut self, source: SendBytes, patience: Duration) -> Result<()> {
+        let len = self.header.stream_length as usize;
+        let (pointer, keep): (*const u8, KeepAlive) = match source {
+            SendBytes::Memory(memory) => match memory.host_pointer()? {
+                Some(address) if memory.len() >= len => (address as *const u8, Arc::new(memory)),
+                _ => {
+                    return Err(status::internal(format!(
+                        "a {len}-byte UCX stream from memory that is not {len} bytes of host \
+                         memory readable in place"
+                    )))
+                }
+            },
+            SendBytes::Copy(bytes) if bytes.len() >= len => (bytes.as_ptr(), bytes),
+            SendBytes::Copy(bytes) => {
+                return Err(status::internal(format!(
+                    "a {len}-byte UCX stream from a {}-byte copy",
+                    bytes.len()
+                )))
+            }
+        };
+        self.keep = keep;
+        // SAFETY: `len` bytes of host memory at `pointer` (checked above):
+        // an allocation's `host_pointer` stays valid while the allocation
+        // lives and unwritten once defined (`DeviceMemory::host_pointer`),
+        // a copy is never written after it was made, and either is the
+        // stream's keep-alive, held by every message still read.
+        unsafe { self.send_all(pointer, patience) }
     }
 
     /// The stream failed on this side (its source, its pipeline): the

@@ -561,13 +561,16 @@ fn a_chunked_stream_lands_in_a_staged_destination_eager_and_rendezvous() {
     // Sizes around the chunk and UCX's rendezvous threshold; chunks forced
     // to rendezvous (a staged receiver's) and eager ones (any receiver
     // takes both).
-    for (len, offset, rendezvous) in [
+    for (index, (len, offset, rendezvous)) in [
         (1usize, 0u64, true),
         (64 << 10, 3, true),
         ((64 << 10) + 1, 0, false),
         ((3 << 20) + 17, 5, true),
         (300_000, 0, false),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let memory = Arc::new(HeapDestination::new(len + offset as usize + 2));
         let staged = Arc::new(StagedDestination::host(memory.clone(), rings.clone()));
         let token = AuthToken::generate().unwrap();
@@ -586,8 +589,16 @@ fn a_chunked_stream_lands_in_a_staged_destination_eager_and_rendezvous() {
             Some(b"xr1 ok 3".to_vec()),
             keep,
         );
-        // SAFETY: `bytes` stays alive (kept by the stream) and unwritten.
-        unsafe { stream.send_all(bytes.as_ptr(), WAIT) }.unwrap();
+        // Straight from a copy, or from a host allocation read in place.
+        let source = if index % 2 == 0 {
+            SendBytes::Copy(bytes.clone())
+        } else {
+            let memory =
+                crate::backend::host::HostMemory::allocate(len, Default::default()).unwrap();
+            crate::backend::DeviceMemory::write(&memory, 0, &bytes).unwrap();
+            SendBytes::Memory(Arc::new(memory))
+        };
+        stream.send_from(source, WAIT).unwrap();
         let delivered = verdict.recv_timeout(WAIT).unwrap().unwrap();
         assert!(delivered.receipt_applied, "{len}");
         assert_eq!(rx.recv_timeout(WAIT).unwrap(), "crosshost/recv/s");
