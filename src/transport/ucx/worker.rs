@@ -1377,6 +1377,11 @@ impl Worker {
             return;
         }
         let peer = op.peer;
+        let remote = self.counterpart(peer);
+        self.heard_from(remote);
+        let Some(op) = self.sends.get_mut(&ack.request) else {
+            return;
+        };
         if let (OpBytes::Chunk { .. }, Err(e)) = (&op.bytes, &ack.outcome) {
             // A chunk is answered only by a refusal: its stream fails.
             op.transfer.fail(e.clone());
@@ -1580,7 +1585,16 @@ impl Worker {
     /// Bytes are in (or refused): the receipt they carried sets its key
     /// first (so the receiver's wait ends without a trip back to the
     /// sender), then the sender hears it.
+    /// Traffic from `peer` counts as use of this side's endpoint to it: an
+    /// endpoint closed while its peer still sends loses what is in flight.
+    fn heard_from(&mut self, peer: Remote) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.last_used = Instant::now();
+        }
+    }
+
     fn landed(&mut self, peer: Remote, mut ack: Ack, receipt: Option<(Arc<Landing>, Vec<u8>)>) {
+        self.heard_from(peer);
         let last = match &receipt {
             // Every part carries the receipt; the last to land applies it.
             Some((landing, _)) if ack.outcome.is_ok() => landing.part_landed(),
