@@ -27,6 +27,11 @@ each, every byte checked). Per N:
                all-to-all round: open fds, threads, RSS, established TCP
                connections to the job's other hosts (+ to the store host)
   a2a_s        the slowest process's all-to-all round
+  s:tcp, s:max tcp, s:ucx eps
+               after --settle seconds with nothing sent (default 3: past the
+               1 s grace and a sweep): established TCP connections to peers
+               (mean, most), and UCX endpoints the plugin holds open (mean);
+               what max_peer_connections bounds
   etcd_cpu_s   etcd's CPU time (/proc/<pid>/stat, user + system) to start
                the job, and (a2a_etcd_s) during the all-to-all round
 
@@ -100,6 +105,9 @@ COLUMNS = [
     ("a2a_rss_mib", "a:MiB", "{:.1f}"),
     ("a2a_tcp_peers", "a:tcp", "{:.1f}"),
     ("a2a_tcp_store", "a:+st", "{:.1f}"),
+    ("settled_tcp_peers", "s:tcp", "{:.1f}"),
+    ("settled_max_tcp_peers", "s:max tcp", "{:.0f}"),
+    ("settled_ucx_endpoints", "s:ucx eps", "{:.1f}"),
     ("etcd_cpu_s", "etcd cpu s", "{:.2f}"),
     ("a2a_etcd_s", "a2a etcd s", "{:.2f}"),
 ]
@@ -125,6 +133,8 @@ def usage_means(results: dict, phase: str) -> dict:
         "max_fds": max(u["fds"] for u in rows),
         "max_threads": max(u["threads"] for u in rows),
         "max_tcp_peers": max(u["tcp"]["peers"] for u in rows),
+        **({"ucx_endpoints": statistics.fmean(u["ucx_endpoints"] for u in rows)}
+           if all("ucx_endpoints" in u for u in rows) else {}),
     }
 
 
@@ -165,7 +175,8 @@ def measure(n: int, args, log_dir: Path) -> dict:
         round_name = args.round
         job = NHostJob(bed, log_dir, store=args.store, hide_ucx=args.tcp, sizes=args.sizes,
                        rounds=(round_name,), timeout_s=timeout, pause=True,
-                       per_host=args.per_host, nofile=args.nofile, options=args.options)
+                       per_host=args.per_host, nofile=args.nofile, options=args.options,
+                       settle_s=args.settle)
         row["processes"] = len(job.processes)
         try:
             job.start()
@@ -179,7 +190,10 @@ def measure(n: int, args, log_dir: Path) -> dict:
             row["create_s"] = max(r["create_end"] for r in results.values()) - job.go_time
             row["a2a_s"] = max(r[round_name]["seconds"] for r in results.values())
             after = "after_all_to_all" if round_name == "all" else "after_ring"
-            for phase, prefix in (("after_create", "create"), (after, "a2a")):
+            phases = [("after_create", "create"), (after, "a2a")]
+            if args.settle:
+                phases.append(("settled", "settled"))
+            for phase, prefix in phases:
                 for key, value in usage_means(results, phase).items():
                     row[f"{prefix}_{key}"] = value
             if job.etcd:
@@ -237,6 +251,9 @@ def main() -> None:
                         help="the round after creation: all-to-all or a ring")
     parser.add_argument("--option", action="append", default=[], metavar="K=V",
                         help="a create option for every process (repeat)")
+    parser.add_argument("--settle", type=float, default=3.0, metavar="S",
+                        help="after the round, S seconds with nothing sent, then what "
+                        "stays open is measured (s: columns; 0: not measured)")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
     args.options = {}

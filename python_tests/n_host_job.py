@@ -37,7 +37,8 @@ class NHostJob:
     def __init__(self, bed: n_hosts.NHostBed, log_dir: Path, store: str = "callbacks",
                  hide_ucx: bool = False, sizes=(17, 4096, 256 << 10), rounds=("ring", "all"),
                  options: dict | None = None, timeout_s: float = 30.0, pause: bool = False,
-                 per_host: int = 1, nofile: int | None = None):
+                 per_host: int = 1, nofile: int | None = None, settle_s: float = 0.0,
+                 settle_endpoints: int | None = None):
         assert store in STORES, store
         assert bed.store, "the job's store runs on the bed's store host"
         self.bed = bed
@@ -51,6 +52,11 @@ class NHostJob:
         # plugin's raise of it turned off, so that the limit holds.
         self.nofile = nofile
         self.pause = pause
+        # After the rounds, what is open is measured: after settle_s idle,
+        # or once the UCX endpoints are down to settle_endpoints a worker
+        # (settle_s then bounds the wait).
+        self.settle_s = settle_s
+        self.settle_endpoints = settle_endpoints
         self.prefix = n_hosts.without_ucx([]) if hide_ucx else []
         inherited = dict(os.environ)
         for name in ("PJRT_CROSSHOST_UCX_LIBRARY", "UCX_TCP_RX_SEG_SIZE", "PJRT_CROSSHOST_THREAD_SLICE_US"):
@@ -87,7 +93,8 @@ class NHostJob:
                    "session": self.session, "options": self.options, "kv": kv,
                    "store": self.bed.address(n_hosts.STORE), "sizes": self.sizes,
                    "rounds": self.rounds, "timeout_s": self.timeout_s, "pause": self.pause,
-                   "nofile": self.nofile}
+                   "nofile": self.nofile, "settle_s": self.settle_s,
+                   "settle_endpoints": self.settle_endpoints}
             log = self.log_dir / f"node{node}.log"
             host = self.hosts[node % len(self.hosts)]
             proc = self.bed.popen(host, [*self.prefix, sys.executable, WORKER, json.dumps(cfg)],

@@ -101,6 +101,30 @@ def usage(store: str | None) -> dict:
             "rss_mib": round(rss_kb / 1024, 1), "tcp": tcp}
 
 
+def settle(client, cfg: dict) -> dict:
+    """What stays open once nothing is sent: with ``settle_endpoints`` (per
+    UCX worker), as soon as the UCX endpoints are down to that bound (or
+    ``settle_s`` passed); else after ``settle_s`` of nothing (a benchmark's
+    look, past the sweeps' grace)."""
+    started = time.monotonic()
+    bound = cfg.get("settle_endpoints")
+    while True:
+        m = th.metrics(client)
+        if bound is None:
+            if time.monotonic() - started >= cfg["settle_s"]:
+                break
+        elif m.get("ucx_endpoints_open", 0) <= bound * m.get("ucx_workers", 0):
+            break
+        if time.monotonic() - started >= cfg["settle_s"]:
+            break
+        time.sleep(0.05)  # polling the plugin's metrics, with a deadline
+    out = usage(cfg.get("store"))
+    out.update(seconds=round(time.monotonic() - started, 2),
+               ucx_endpoints=m.get("ucx_endpoints_open", 0), ucx_workers=m.get("ucx_workers", 0),
+               ucx_pairs_closed=m.get("ucx_endpoint_pairs_closed", 0))
+    return out
+
+
 def status_code(status) -> str:
     if status is None:
         return "OK"
@@ -238,6 +262,8 @@ def main(cfg: dict) -> int:
                 result["metrics"] = th.wait_keys_retired(client, timeout=cfg["timeout_s"])[0]
             except AssertionError:
                 result["metrics"] = th.metrics(client)
+            if cfg.get("settle_s"):
+                result["settled"] = settle(client, cfg)
             import resource
 
             # The soft limit as the plugin left it (a test checks it held).

@@ -118,11 +118,13 @@ def test_every_host_is_a_host_of_its_own_and_names_every_host(bed):
     assert bed.name not in links
 
 
-def assert_job_delivered(results, nodes, route):
+def assert_job_delivered(results, nodes, route, rounds=("ring", "all")):
     per_pair = sum(SIZES)
+    peers_of = {"ring": 1, "all": nodes - 1}
     for node, r in results.items():
         assert "create_error" not in r, (node, r["create_error"])
-        for name, peers in (("ring", 1), ("all", nodes - 1)):
+        for name in rounds:
+            peers = peers_of[name]
             rnd = r[name]
             assert rnd["sent"] == rnd["received"] == peers * len(SIZES), (node, name, rnd)
             assert rnd["sends"] == {} and rnd["receives"] == {}, (node, name, rnd)
@@ -130,7 +132,8 @@ def assert_job_delivered(results, nodes, route):
             assert rnd["checked_bytes"] == peers * per_pair, (node, name, rnd)
         m = r["metrics"]
         assert m["keys_outstanding"] == 0 and m["keys_created"] == m["keys_deleted"] > 0, (node, m)
-        assert m["bytes_received"] == m["bytes_sent"] == nodes * per_pair, (node, m)
+        expected = sum(peers_of[name] for name in rounds) * per_pair
+        assert m["bytes_received"] == m["bytes_sent"] == expected, (node, m)
         carried = m["transports"][route]
         assert carried["bytes_received"] == m["bytes_received"], (node, m["transports"])
         for other in ("shm", "tcp", "ucx"):
@@ -161,6 +164,31 @@ def test_ring_and_all_to_all_on_16_hosts(bed, jobs, store, hide_ucx):
     if store == "etcd":
         # Every client revoked its lease: not even the session entries are left.
         poll(lambda: job.etcd.keys() == [], 10, "no key left in etcd")
+
+
+BOUND = 2
+
+
+def test_ucx_endpoints_beyond_max_peer_connections_close_and_lose_nothing(bed, jobs):
+    # Every process talks to 15 others and keeps two endpoints a UCX worker:
+    # each beyond the bound closes by a handshake with its peer while the
+    # round goes on, and no transfer is lost to a close.
+    job = jobs(store="callbacks", timeout_s=TIMEOUT_S, rounds=("all",),
+               options={"max_peer_connections": BOUND}, settle_s=TIMEOUT_S,
+               settle_endpoints=BOUND)
+    job.go()
+    results = job.results(timeout=4 * TIMEOUT_S)
+    assert_job_delivered(results, HOSTS, "ucx", rounds=("all",))
+    closed = 0
+    for node, r in results.items():
+        s = r["settled"]
+        assert s["ucx_endpoints"] <= BOUND * s["ucx_workers"], (node, s)
+        # Their TCP connections went with them (UCX keeps the socket of a
+        # pair closed by flushing both ends).
+        assert s["tcp"]["peers"] < r["after_all_to_all"]["tcp"]["peers"], (node, s, r["after_all_to_all"])
+        closed += s["ucx_pairs_closed"]
+    assert closed >= HOSTS, closed
+    assert job.finish() == {node: 0 for node in bed.hosts}
 
 
 # Several processes on each host (one per GPU on a real node) under the

@@ -23,7 +23,7 @@ use pjrt_crosshost::transport::tcp::wire::{
 };
 use pjrt_crosshost::transport::tcp::REQUEST_HEADER_LEN;
 use pjrt_crosshost::transport::ucx::wire::{
-    Ack, ChunkHeader, DataHeader, ACK_HEADER_LEN, AM_ACK, AM_CHUNK, AM_DATA,
+    Ack, ChunkHeader, CloseMessage, DataHeader, ACK_HEADER_LEN, AM_ACK, AM_CHUNK, AM_DATA,
 };
 
 pub mod seeds;
@@ -119,12 +119,29 @@ pub fn check_ucx_am_header(bytes: &[u8]) {
     let Some((&which, rest)) = bytes.split_first() else {
         return;
     };
-    match u32::from(which % 3) + 1 {
+    // Byte 0 names the message by its id, modulo 4 (0 for CLOSE, id 4).
+    match u32::from(which % 4) {
         AM_DATA => check_ucx_data_header(rest),
         AM_ACK => check_ucx_ack(rest),
         AM_CHUNK => check_ucx_chunk_header(rest),
-        _ => unreachable!("an id modulo 3, plus 1"),
+        0 => check_ucx_close(rest),
+        _ => unreachable!("a byte modulo 4"),
     }
+}
+
+fn check_ucx_close(bytes: &[u8]) {
+    let message = match CloseMessage::decode(bytes) {
+        Ok(message) => message,
+        Err(error) => {
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+            return;
+        }
+    };
+    assert_eq!(
+        message.encode().as_slice(),
+        bytes,
+        "an accepted CLOSE message is not canonical"
+    );
 }
 
 fn check_ucx_data_header(bytes: &[u8]) {
@@ -214,19 +231,16 @@ pub fn check_tcp_response(bytes: &[u8]) {
         }
         Ok(Ok(response)) => response,
     };
-    match &response.outcome {
-        Err(status) => {
-            assert!(
-                status.message.len() <= MAX_RESPONSE_MESSAGE_LEN,
-                "read_response returned a {}-byte message (limit {MAX_RESPONSE_MESSAGE_LEN})",
-                status.message.len()
-            );
-            assert!(
-                !response.receipt_applied,
-                "a refusal that applied a receipt"
-            );
-        }
-        Ok(()) => {}
+    if let Err(status) = &response.outcome {
+        assert!(
+            status.message.len() <= MAX_RESPONSE_MESSAGE_LEN,
+            "read_response returned a {}-byte message (limit {MAX_RESPONSE_MESSAGE_LEN})",
+            status.message.len()
+        );
+        assert!(
+            !response.receipt_applied,
+            "a refusal that applied a receipt"
+        );
     }
     let again = encode_response(&response);
     let decoded_again = read_response(&mut &again[..])

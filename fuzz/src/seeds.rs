@@ -9,7 +9,7 @@ use pjrt_crosshost::transport::auth_token::{AuthToken, AUTH_TOKEN_LEN};
 use pjrt_crosshost::transport::control::{encode_frame_for_fuzzing, ControlEndpoint, Secret};
 use pjrt_crosshost::transport::host_identity::HostIdentity;
 use pjrt_crosshost::transport::tcp::wire::{encode_response, RequestHeader, Response};
-use pjrt_crosshost::transport::ucx::wire::{Ack, ChunkHeader, DataHeader};
+use pjrt_crosshost::transport::ucx::wire::{Ack, ChunkHeader, CloseKind, CloseMessage, DataHeader};
 
 /// One seed: the target it is for, a file name, the bytes.
 pub struct Seed {
@@ -339,9 +339,12 @@ pub fn all() -> Vec<Seed> {
     }
 
     // UCX active-message headers; byte 0 picks the message (see
-    // `check_ucx_am_header`): 1 DATA, 2 ACK, 3 CHUNK.
+    // `check_ucx_am_header`): 1 DATA, 2 ACK, 3 CHUNK, 4 CLOSE.
     let token = AuthToken::from_bytes([9; AUTH_TOKEN_LEN]);
-    for (name, receipt) in [("data", Vec::new()), ("data-receipt", b"xr1 ok 1f".to_vec())] {
+    for (name, receipt) in [
+        ("data", Vec::new()),
+        ("data-receipt", b"xr1 ok 1f".to_vec()),
+    ] {
         let header = DataHeader {
             part: 1,
             parts: 3,
@@ -353,7 +356,11 @@ pub fn all() -> Vec<Seed> {
             sender_worker: 1,
             receipt,
         };
-        add("ucx_am_header", name, [&[1u8][..], &header.encode()].concat());
+        add(
+            "ucx_am_header",
+            name,
+            [&[1u8][..], &header.encode()].concat(),
+        );
     }
     for (name, outcome, receipt_applied) in [
         ("ack-ok", Ok(()), true),
@@ -370,7 +377,11 @@ pub fn all() -> Vec<Seed> {
             receipt_applied,
         }
         .encode();
-        add("ucx_am_header", name, [&[2u8][..], &header, &payload].concat());
+        add(
+            "ucx_am_header",
+            name,
+            [&[2u8][..], &header, &payload].concat(),
+        );
     }
     for (name, offset, receipt) in [
         ("chunk-first", 64, Vec::new()),
@@ -389,7 +400,28 @@ pub fn all() -> Vec<Seed> {
             home_worker: 0,
             receipt,
         };
-        add("ucx_am_header", name, [&[3u8][..], &header.encode()].concat());
+        add(
+            "ucx_am_header",
+            name,
+            [&[3u8][..], &header.encode()].concat(),
+        );
+    }
+    for (name, kind) in [
+        ("close-ask", CloseKind::Ask),
+        ("close-agree", CloseKind::Agree),
+        ("close-decline", CloseKind::Decline),
+    ] {
+        let message = CloseMessage {
+            kind,
+            sender: 2,
+            sender_worker: 1,
+            handshake: 12,
+        };
+        add(
+            "ucx_am_header",
+            name,
+            [&[4u8][..], &message.encode()].concat(),
+        );
     }
 
     for (api, key) in completion_keys() {

@@ -482,6 +482,16 @@ impl TransferService {
                     .as_ref()
                     .map_or(0, |ucx| ucx.open_endpoints() as u64),
             ),
+            // Each worker keeps at most max_peer_connections endpoints idle.
+            (
+                "ucx_workers",
+                self.ucx.as_ref().map_or(0, |ucx| ucx.worker_count() as u64),
+            ),
+            // Endpoint pairs closed by a handshake both sides agreed to.
+            (
+                "ucx_endpoint_pairs_closed",
+                self.ucx.as_ref().map_or(0, |ucx| ucx.closed_by_handshake()),
+            ),
             ("staged", self.staging.as_ref().map_or(0, |s| s.staged())),
             (
                 "staging_bytes_held",

@@ -166,24 +166,41 @@ impl UcxTransport {
     }
 
     /// DATA messages refused (unknown token, bad header or bounds).
+    /// Workers (each with its own endpoints to the peers).
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
     /// Endpoints open to peers, over all workers.
     pub fn open_endpoints(&self) -> usize {
         self.workers.iter().map(WorkerHandle::open_endpoints).sum()
     }
 
-    /// How long an endpoint may sit idle (the client's
-    /// `peer_idle_timeout_ms`, with its grace) before a sweep closes it.
-    /// The count bound (`max_peer_connections`) is not applied to UCX
-    /// endpoints: closing one of a pair while its peer still sends loses
-    /// that peer's messages without an error (UCX drops active messages
-    /// addressed to an endpoint it destroyed; on the 32-host bed with a
-    /// bound of 4, 1-12 of 992 transfers per all-to-all ran into their
-    /// deadline). An endpoint idle both ways for the timeout is closed.
+    /// Sends a close handshake's message to process `to` as it is, for
+    /// tests that forge one.
+    #[cfg(test)]
+    pub fn send_close_message(
+        &self,
+        to: u32,
+        message: super::wire::CloseMessage,
+    ) -> crate::status::Result<()> {
+        self.workers[0].send_close_message(to, message)
+    }
+
+    /// Endpoint pairs closed by a handshake both sides agreed to.
+    pub fn closed_by_handshake(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(WorkerHandle::closed_by_handshake)
+            .sum()
+    }
+
+    /// The bounds each worker keeps its endpoints to (the client's
+    /// `max_peer_connections` and `peer_idle_timeout_ms`): an idle endpoint
+    /// unused for the timeout, and beyond the bound the least recently used
+    /// idle ones, close by a handshake with the peer (`worker.rs`), never
+    /// under a peer that still sends on the pair.
     pub fn set_connection_limits(&self, limits: &ConnectionLimits) {
-        let limits = ConnectionLimits {
-            max_open: usize::MAX,
-            ..limits.clone()
-        };
         for worker in self.workers.iter() {
             worker.set_connection_limits(limits.clone());
         }

@@ -1,5 +1,4 @@
-//! The two active messages of the UCX transport (all integers
-//! little-endian).
+//! The active messages of the UCX transport (all integers little-endian).
 //!
 //! DATA (AM id `AM_DATA`), sender to receiver; the payload is the bytes:
 //! magic `"PXU1"`, part u16 and parts u16 (a large buffer is striped over
@@ -32,16 +31,26 @@
 //! whole stream answers it, sent to the home worker), sender's process
 //! index u32, sending worker u16, home worker u16, receipt length u16, then
 //! the receipt (as in DATA). 94 bytes plus the receipt.
+//!
+//! CLOSE (AM id `AM_CLOSE`), either way, the handshake that closes an idle
+//! pair of endpoints (`worker.rs`): magic `"PXUX"`, kind u32 (1 = ask,
+//! 2 = agree, 3 = decline), sender's process index u32, sender's worker
+//! u16, two zero bytes, handshake number u64 (an answer names the ask's).
+//! 24 bytes, no payload. Sent with UCX's reply flag: an ask is believed only
+//! over the connection it names, and answered over it.
 use crate::status::{self, Code, Result, Status};
 use crate::transport::auth_token::{AuthToken, AUTH_TOKEN_LEN};
 
 pub const AM_DATA: u32 = 1;
 pub const AM_ACK: u32 = 2;
 pub const AM_CHUNK: u32 = 3;
+pub const AM_CLOSE: u32 = 4;
 
 pub const DATA_MAGIC: [u8; 4] = *b"PXU1";
 pub const ACK_MAGIC: [u8; 4] = *b"PXUA";
 pub const CHUNK_MAGIC: [u8; 4] = *b"PXUC";
+pub const CLOSE_MAGIC: [u8; 4] = *b"PXUX";
+pub const CLOSE_LEN: usize = 4 + 4 + 4 + 2 + 2 + 8;
 pub const CHUNK_HEADER_LEN: usize = 4 + AUTH_TOKEN_LEN + 8 * 6 + 4 + 2 + 2 + 2;
 pub const DATA_HEADER_LEN: usize = 4 + 4 + AUTH_TOKEN_LEN + 8 + 8 + 8 + 4 + 4;
 /// The longest receipt a DATA header may carry.
@@ -295,6 +304,74 @@ impl Ack {
     }
 }
 
+/// What a CLOSE message says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseKind {
+    /// "I would close my endpoint of this pair; will you stop using yours?"
+    Ask,
+    /// "Nothing of mine rides on this pair any more: close it."
+    Agree,
+    /// "I still use it": the asker keeps its endpoint.
+    Decline,
+}
+
+/// One message of the close handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CloseMessage {
+    pub kind: CloseKind,
+    pub sender: u32,
+    pub sender_worker: u16,
+    /// The asker's number for this handshake; an answer carries it back.
+    pub handshake: u64,
+}
+
+impl CloseMessage {
+    pub fn encode(&self) -> [u8; CLOSE_LEN] {
+        let mut out = [0u8; CLOSE_LEN];
+        out[0..4].copy_from_slice(&CLOSE_MAGIC);
+        let kind: u32 = match self.kind {
+            CloseKind::Ask => 1,
+            CloseKind::Agree => 2,
+            CloseKind::Decline => 3,
+        };
+        out[4..8].copy_from_slice(&kind.to_le_bytes());
+        out[8..12].copy_from_slice(&self.sender.to_le_bytes());
+        out[12..14].copy_from_slice(&self.sender_worker.to_le_bytes());
+        out[16..24].copy_from_slice(&self.handshake.to_le_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<CloseMessage> {
+        if bytes.len() != CLOSE_LEN {
+            return Err(status::invalid_argument(format!(
+                "UCX close message is {} bytes, expected {CLOSE_LEN}",
+                bytes.len()
+            )));
+        }
+        if bytes[0..4] != CLOSE_MAGIC || bytes[14..16] != [0, 0] {
+            return Err(status::invalid_argument(
+                "not a crosshost UCX close message (bad magic or padding)",
+            ));
+        }
+        let kind = match u32::from_le_bytes(bytes[4..8].try_into().expect("4")) {
+            1 => CloseKind::Ask,
+            2 => CloseKind::Agree,
+            3 => CloseKind::Decline,
+            other => {
+                return Err(status::invalid_argument(format!(
+                    "UCX close message of unknown kind {other}"
+                )))
+            }
+        };
+        Ok(CloseMessage {
+            kind,
+            sender: u32::from_le_bytes(bytes[8..12].try_into().expect("4")),
+            sender_worker: u16::from_le_bytes([bytes[12], bytes[13]]),
+            handshake: u64::from_le_bytes(bytes[16..24].try_into().expect("8")),
+        })
+    }
+}
+
 fn within_limit(message: &str) -> &str {
     let mut end = message.len().min(MAX_ACK_MESSAGE_LEN);
     while !message.is_char_boundary(end) {
@@ -417,5 +494,41 @@ mod tests {
         assert!(error.message.len() <= MAX_ACK_MESSAGE_LEN);
         assert!(Ack::decode(&header, &payload[1..]).is_err());
         assert!(Ack::decode(&header[1..], &payload).is_err());
+    }
+
+    #[test]
+    fn close_messages_round_trip_and_anything_else_is_refused() {
+        for kind in [CloseKind::Ask, CloseKind::Agree, CloseKind::Decline] {
+            let message = CloseMessage {
+                kind,
+                sender: 7,
+                sender_worker: 3,
+                handshake: u64::MAX - 1,
+            };
+            let bytes = message.encode();
+            assert_eq!(CloseMessage::decode(&bytes).unwrap(), message);
+        }
+        let good = CloseMessage {
+            kind: CloseKind::Ask,
+            sender: 1,
+            sender_worker: 0,
+            handshake: 9,
+        }
+        .encode();
+        let refused = |bytes: &[u8]| {
+            let error = CloseMessage::decode(bytes).unwrap_err();
+            assert_eq!(error.code, Code::InvalidArgument, "{error}");
+        };
+        refused(&good[..CLOSE_LEN - 1]);
+        refused(&[&good[..], &[0]].concat());
+        let mut bad_magic = good;
+        bad_magic[0] = b'Q';
+        refused(&bad_magic);
+        let mut bad_kind = good;
+        bad_kind[4] = 4;
+        refused(&bad_kind);
+        let mut bad_padding = good;
+        bad_padding[15] = 1;
+        refused(&bad_padding);
     }
 }

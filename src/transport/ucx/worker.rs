@@ -38,7 +38,9 @@ use super::stream::{
 };
 use super::sys::*;
 use super::transfer::Transfer;
-use super::wire::{Ack, ChunkHeader, DataHeader, AM_ACK, AM_CHUNK, AM_DATA};
+use super::wire::{
+    Ack, ChunkHeader, CloseKind, CloseMessage, DataHeader, AM_ACK, AM_CHUNK, AM_CLOSE, AM_DATA,
+};
 use crate::status::{self, Result, Status};
 use crate::sync::threads::Slice;
 use crate::sync::timeline::{self, Point};
@@ -50,10 +52,16 @@ use crate::transport::registry::{DestinationRegistry, Landing, ReceiptSink, Stre
 
 /// Longest sleep of an idle progress thread.
 const IDLE_WAKE: Duration = Duration::from_millis(200);
-/// How often idle endpoints are looked for.
+/// How often idle endpoints are looked for (at most; as often as the
+/// connection limits' grace where that is shorter, but not more than
+/// `MIN_SWEEP_EVERY`).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+const MIN_SWEEP_EVERY: Duration = Duration::from_millis(20);
 /// Bound on closing the endpoints at shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// How long a peer asked to close a pair of endpoints has to answer; then
+/// this side closes its own (the peer is not progressing: dead, or stuck).
+const ANSWER_WAIT: Duration = Duration::from_secs(2);
 /// Parts of at least this go by rendezvous, straight into the destination.
 /// Over TCP, UCX sends a message of up to ~24 MiB eagerly, in receive
 /// segments (512 KiB, `library.rs`), and the receiver assembles one longer
@@ -151,6 +159,12 @@ enum Event {
         ep: ucp_ep_h,
         status: ucs_status_t,
     },
+    /// A close handshake's message, and the endpoint of the connection it
+    /// came over.
+    Close {
+        message: CloseMessage,
+        reply_ep: ucp_ep_h,
+    },
     /// A flush of the endpoint to `peer` (its wireup) completed.
     Flushed {
         peer: Remote,
@@ -163,13 +177,20 @@ enum Event {
 /// list (borrowed for one push at a time).
 struct Callbacks {
     api: Arc<UcpApi>,
+    /// This worker, as its close messages name it.
+    me: Remote,
     worker: ucp_worker_h,
     registry: Arc<DestinationRegistry>,
     events: RefCell<Vec<Event>>,
     /// Rendezvous receives in flight (their ops are freed on completion, or
     /// at shutdown once the worker is gone).
     receiving: RefCell<HashSet<usize>>,
+    /// The endpoints this worker made and has not closed: a close message
+    /// that came over one of them may close it (`on_close`).
+    own_endpoints: RefCell<HashSet<usize>>,
     rejected: Arc<AtomicU64>,
+    /// Endpoints closed by a handshake both sides agreed to.
+    closed_by_handshake: Arc<AtomicU64>,
     sink: Arc<OnceCell<ReceiptSink>>,
     /// Streams into staged destinations (all workers of the transport).
     streams: Arc<StagedStreams>,
@@ -261,6 +282,24 @@ struct Peer {
     /// transfer must not cut two live processes apart for good, and UCX 1.14
     /// and later (the only ones loaded) survive a failed wire-up.
     failed: Option<String>,
+    /// This side asked the peer to close the pair (`ask_to_close`).
+    handshake: Option<Handshake>,
+}
+
+/// A close this side asked for: until the peer answers, nothing is sent on
+/// the endpoint (the peer may already have stopped reading its side), and
+/// what would have been is held here.
+struct Handshake {
+    number: u64,
+    asked: Instant,
+    held: Vec<Deferred>,
+}
+
+/// Something to send to a peer, held while its pair of endpoints closes.
+enum Deferred {
+    Send(SendPart),
+    Chunk(ChunkOrder),
+    Ack(Ack),
 }
 
 /// A `Connect` in progress: the flushes still out, the first failure, and
@@ -423,9 +462,32 @@ impl WorkerHandle {
         self.worker.lock().open_endpoints()
     }
 
+    /// Sends `message` to process `to` over this worker's endpoint to it.
+    #[cfg(test)]
+    pub fn send_close_message(&self, to: u32, message: CloseMessage) -> Result<()> {
+        let mut worker = self.worker.lock();
+        let remote = worker.counterpart(to);
+        let ep = worker.endpoint(remote)?;
+        send_close_over(&worker.api, ep, &message).map_err(status::unavailable)?;
+        drop(worker);
+        self.handle.wake();
+        Ok(())
+    }
+
+    /// Endpoint pairs closed by a handshake both sides agreed to.
+    pub fn closed_by_handshake(&self) -> u64 {
+        self.worker
+            .lock()
+            .callbacks
+            .closed_by_handshake
+            .load(Ordering::Relaxed)
+    }
+
     /// The bounds its sweeps keep open endpoints to.
     pub fn set_connection_limits(&self, limits: ConnectionLimits) {
-        self.worker.lock().limits = limits;
+        let mut worker = self.worker.lock();
+        worker.limits = limits;
+        worker.next_sweep = Instant::now();
     }
 
     /// Connects to every peer now (waiting at most `timeout`).
@@ -634,6 +696,9 @@ struct Worker {
     /// Bounds on open endpoints (`transport/connections/`'s rules).
     limits: ConnectionLimits,
     next_sweep: Instant,
+    next_handshake: u64,
+    /// Held sends and acks whose handshake ended, to start again.
+    replay: Vec<(Remote, Deferred)>,
 }
 
 // SAFETY: the UCP handles are used by one thread at a time (the worker's
@@ -716,11 +781,14 @@ impl Worker {
         unsafe { (api.worker_release_address)(worker, raw_address) };
         let callbacks = Arc::new(Callbacks {
             api: api.clone(),
+            me,
             worker,
             registry,
             events: RefCell::new(Vec::new()),
             receiving: RefCell::new(HashSet::new()),
+            own_endpoints: RefCell::new(HashSet::new()),
             rejected: Default::default(),
+            closed_by_handshake: Default::default(),
             sink,
             streams,
             port: OnceCell::new(),
@@ -729,6 +797,7 @@ impl Worker {
             (AM_DATA, on_data as ucp_am_recv_callback_t),
             (AM_ACK, on_ack as ucp_am_recv_callback_t),
             (AM_CHUNK, on_chunk as ucp_am_recv_callback_t),
+            (AM_CLOSE, on_close as ucp_am_recv_callback_t),
         ] {
             let handler = ucp_am_handler_param_t {
                 field_mask: UCP_AM_HANDLER_PARAM_FIELD_ID
@@ -767,6 +836,8 @@ impl Worker {
             closing: Vec::new(),
             limits: ConnectionLimits::default(),
             next_sweep: Instant::now() + SWEEP_EVERY,
+            next_handshake: 1,
+            replay: Vec::new(),
         })
     }
 
@@ -790,13 +861,17 @@ impl Worker {
                     // SAFETY: a live worker of this thread.
                     let worked = unsafe { (worker.api.worker_progress)(worker.worker) };
                     let acted = worker.handle_events();
-                    if worked == 0 && !acted && !ordered {
+                    let replayed = worker.replay_deferred();
+                    if worked == 0 && !acted && !ordered && !replayed {
                         break;
                     }
                 }
                 let now = Instant::now();
                 worker.expire(now);
                 worker.sweep_endpoints(now);
+                if worker.replay_deferred() {
+                    continue;
+                }
                 // SAFETY: a live worker, under its lock.
                 let armed = unsafe { (worker.api.worker_arm)(worker.worker) };
                 if armed == UCS_ERR_BUSY {
@@ -926,6 +1001,7 @@ impl Worker {
                 Event::EndpointFailed { peer, ep, status } => {
                     self.endpoint_failed(peer, ep, status)
                 }
+                Event::Close { message, reply_ep } => self.close_message(message, reply_ep),
                 Event::Flushed { peer, status } => self.flushed(peer, status),
                 Event::Dropped(why) => log::warn!("UCX transport: {why}"),
             }
@@ -959,6 +1035,7 @@ impl Worker {
                         ep: None,
                         last_used: Instant::now(),
                         failed: None,
+                        handshake: None,
                     },
                 );
             }
@@ -1109,13 +1186,22 @@ impl Worker {
         }
         self.tags.push(tag);
         state.ep = Some(ep);
+        self.callbacks
+            .own_endpoints
+            .borrow_mut()
+            .insert(ep as usize);
         Ok(ep)
     }
 
     /// Starts one part; true when UCX holds it for later progress.
     fn start_send(&mut self, order: SendPart) -> bool {
         timeline::mark_hash(Point::UcxSendStart, order.mark_key);
-        let ep = match self.endpoint(self.counterpart(order.peer)) {
+        let remote = self.counterpart(order.peer);
+        if let Some(handshake) = self.handshake_mut(remote) {
+            handshake.held.push(Deferred::Send(order));
+            return false;
+        }
+        let ep = match self.endpoint(remote) {
             Ok(ep) => ep,
             Err(e) => {
                 order.transfer.fail(e);
@@ -1161,7 +1247,12 @@ impl Worker {
     /// Starts one chunk message of a stream; true when UCX holds it for
     /// later progress.
     fn start_chunk(&mut self, order: ChunkOrder) -> bool {
-        let ep = match self.endpoint(self.counterpart(order.peer)) {
+        let remote = self.counterpart(order.peer);
+        if let Some(handshake) = self.handshake_mut(remote) {
+            handshake.held.push(Deferred::Chunk(order));
+            return false;
+        }
+        let ep = match self.endpoint(remote) {
             Ok(ep) => ep,
             Err(e) => {
                 order.sent.set(Err(e.clone()));
@@ -1498,6 +1589,18 @@ impl Worker {
         );
         let remote = self.counterpart(process);
         self.close_endpoint(remote, true);
+        // What a close handshake held for it is not sent to a dead process.
+        let (lost, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.replay)
+            .into_iter()
+            .partition(|(held_for, _)| held_for.0 == process);
+        self.replay = kept;
+        let gone = status::unavailable(format!(
+            "UCX transfer to process {process}: the process is gone (its control link closed) \
+             before the transfer was sent"
+        ));
+        for (_, held) in lost {
+            fail_deferred(held, &gone);
+        }
         self.callbacks.streams.end_from(
             process,
             &status::unavailable(format!(
@@ -1525,13 +1628,37 @@ impl Worker {
 
     /// Closes idle endpoints by the connection room's rules (unused for the
     /// idle timeout, or least recently used beyond the bound; never one a
-    /// send still uses or waits on), at most once a second. The next send
-    /// to a closed one dials again.
+    /// send still uses or waits on), at most once a second, each by a
+    /// handshake with its peer (`ask_to_close`). The next send to a closed
+    /// one dials again.
     fn sweep_endpoints(&mut self, now: Instant) {
         if now < self.next_sweep {
             return;
         }
-        self.next_sweep = now + SWEEP_EVERY;
+        self.next_sweep = now + SWEEP_EVERY.min(self.limits.grace.max(MIN_SWEEP_EVERY));
+        self.free_finished_closes();
+        let unanswered: Vec<Remote> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                p.handshake
+                    .as_ref()
+                    .is_some_and(|h| h.asked + ANSWER_WAIT <= now)
+            })
+            .map(|(remote, _)| *remote)
+            .collect();
+        for remote in unanswered {
+            log::warn!(
+                "UCX transport: process {} worker {} did not answer a close of its endpoint pair \
+                 in {ANSWER_WAIT:?}: closing this side",
+                remote.0,
+                remote.1
+            );
+            self.close_endpoint(remote, true);
+            if let Some(state) = self.peers.get_mut(&remote) {
+                state.failed = Some(format!("it did not answer a close in {ANSWER_WAIT:?}"));
+            }
+        }
         let open: Vec<Remote> = self
             .peers
             .iter()
@@ -1544,21 +1671,205 @@ impl Worker {
             .map(|(i, remote)| Use {
                 peer: i as u32,
                 last_used: self.peers[remote].last_used,
-                idle: !self
-                    .sends
-                    .values()
-                    .any(|op| op.peer == remote.0 && !(op.answered && op.ucx_done)),
+                // One already asked about counts as open until it closes.
+                idle: self.peers[remote].handshake.is_none() && self.quiet_toward(*remote),
             })
             .collect();
         for chosen in choose_to_close(&uses, &self.limits, now) {
-            let remote = open[chosen as usize];
-            log::debug!(
-                "UCX transport: closing the idle endpoint to process {} worker {}",
+            self.ask_to_close(open[chosen as usize], now);
+        }
+    }
+
+    /// Nothing of this worker's is in flight toward `remote`'s process, or
+    /// waits on it.
+    fn quiet_toward(&self, remote: Remote) -> bool {
+        !self
+            .sends
+            .values()
+            .any(|op| op.peer == remote.0 && !(op.answered && op.ucx_done))
+    }
+
+    fn handshake_mut(&mut self, remote: Remote) -> Option<&mut Handshake> {
+        self.peers.get_mut(&remote)?.handshake.as_mut()
+    }
+
+    /// Starts closing the pair of endpoints to `remote`: UCX drops, without
+    /// an error, what a peer sends on its endpoint of a pair whose other
+    /// endpoint was closed, so the peer is asked first and this side closes
+    /// only once it agreed (it had nothing in flight on the pair, and makes
+    /// a new endpoint for anything later). Until the answer, what this side
+    /// would send to the peer is held.
+    fn ask_to_close(&mut self, remote: Remote, now: Instant) {
+        let Some(ep) = self.peers.get(&remote).and_then(|p| p.ep) else {
+            return;
+        };
+        let number = self.next_handshake;
+        self.next_handshake += 1;
+        let ask = CloseMessage {
+            kind: CloseKind::Ask,
+            sender: self.me.0,
+            sender_worker: self.me.1,
+            handshake: number,
+        };
+        match send_close_over(&self.api, ep, &ask) {
+            Ok(_) => {
+                log::debug!(
+                    "UCX transport: asking process {} worker {} to close the idle endpoint pair",
+                    remote.0,
+                    remote.1
+                );
+                if let Some(state) = self.peers.get_mut(&remote) {
+                    state.handshake = Some(Handshake {
+                        number,
+                        asked: now,
+                        held: Vec::new(),
+                    });
+                }
+            }
+            // An endpoint that cannot carry a few bytes is broken anyway.
+            Err(e) => {
+                log::debug!(
+                    "UCX transport: the endpoint to process {} worker {} failed a close's ask \
+                     ({e}): closing it",
+                    remote.0,
+                    remote.1
+                );
+                self.close_endpoint(remote, true);
+            }
+        }
+    }
+
+    /// A close handshake's message that came over `ep`, one of this
+    /// worker's own endpoints (`on_close` answers an ask over any other
+    /// connection itself: it closes nothing of this side's).
+    fn close_message(&mut self, message: CloseMessage, ep: ucp_ep_h) {
+        // Closed since the message came (an earlier event of the same round
+        // of progress): nothing to answer over, nothing left to close.
+        if !self
+            .callbacks
+            .own_endpoints
+            .borrow()
+            .contains(&(ep as usize))
+        {
+            return;
+        }
+        let remote = (message.sender, message.sender_worker);
+        if self.peers.get(&remote).and_then(|p| p.ep) != Some(ep) {
+            // A message naming one worker over the endpoint to another.
+            self.callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+            log::warn!(
+                "UCX transport: a close message naming process {} worker {} came over the \
+                 endpoint to another worker: ignored",
                 remote.0,
                 remote.1
             );
-            self.close_endpoint(remote, false);
+            return;
         }
+        match message.kind {
+            CloseKind::Ask => {
+                let agree = self.quiet_toward(remote);
+                let answer = CloseMessage {
+                    kind: if agree {
+                        CloseKind::Agree
+                    } else {
+                        CloseKind::Decline
+                    },
+                    sender: self.me.0,
+                    sender_worker: self.me.1,
+                    handshake: message.handshake,
+                };
+                let answered_at_once = match send_close_over(&self.api, ep, &answer) {
+                    Ok(pending) => !pending,
+                    Err(e) => {
+                        log::debug!(
+                            "UCX transport: answering a close to process {} failed: {e}",
+                            remote.0
+                        );
+                        false
+                    }
+                };
+                if agree {
+                    self.callbacks
+                        .closed_by_handshake
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Forced where nothing is left to send: UCX (1.22, over
+                    // TCP) keeps the socket of a pair closed by flushing on
+                    // both sides open for the process's life, one more per
+                    // close and redial. An answer UCX still holds is
+                    // flushed first (its socket may then stay).
+                    self.close_endpoint(remote, answered_at_once);
+                }
+            }
+            CloseKind::Agree | CloseKind::Decline => {
+                let asked = self
+                    .peers
+                    .get(&remote)
+                    .and_then(|p| p.handshake.as_ref())
+                    .is_some_and(|h| h.number == message.handshake);
+                if !asked {
+                    // An answer to an ask this side gave up on, or to none.
+                    return;
+                }
+                if message.kind == CloseKind::Agree {
+                    self.callbacks
+                        .closed_by_handshake
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Nothing of this side's is in flight on the pair (it
+                    // held what came since its ask): forced, see above.
+                    self.close_endpoint(remote, true);
+                } else if let Some(state) = self.peers.get_mut(&remote) {
+                    // The peer still uses the pair: keep it, and do not ask
+                    // again before it was idle a while.
+                    state.last_used = Instant::now();
+                    if let Some(handshake) = state.handshake.take() {
+                        self.replay
+                            .extend(handshake.held.into_iter().map(|held| (remote, held)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts what handshakes held, now that they ended; true if any.
+    fn replay_deferred(&mut self) -> bool {
+        if self.replay.is_empty() {
+            return false;
+        }
+        let now = Instant::now();
+        for (remote, held) in std::mem::take(&mut self.replay) {
+            match held {
+                Deferred::Send(order) if order.deadline <= now => {
+                    order.transfer.fail(held_past_deadline(remote));
+                }
+                Deferred::Send(order) => {
+                    self.start_send(order);
+                }
+                Deferred::Chunk(order) if order.deadline <= now => {
+                    let error = held_past_deadline(remote);
+                    order.sent.set(Err(error.clone()));
+                    order.transfer.fail(error);
+                }
+                Deferred::Chunk(order) => {
+                    self.start_chunk(order);
+                }
+                Deferred::Ack(ack) => self.send_ack(remote, ack),
+            }
+        }
+        true
+    }
+
+    /// Frees the requests of endpoint closes UCX has finished.
+    fn free_finished_closes(&mut self) {
+        let api = self.api.clone();
+        self.closing.retain(|&request| {
+            // SAFETY: close requests UCX returned and nobody freed yet.
+            let done = unsafe { (api.request_check_status)(request) != UCS_INPROGRESS };
+            if done {
+                // SAFETY: finished, and freed once (dropped from the list).
+                unsafe { (api.request_free)(request) };
+            }
+            !done
+        });
     }
 
     fn open_endpoints(&self) -> usize {
@@ -1567,10 +1878,23 @@ impl Worker {
 
     /// Closes the endpoint to `peer`, forcibly (its requests complete with
     /// an error) or after flushing what is in flight.
+    /// What a close handshake held for the peer is started again (on a new
+    /// endpoint) by `replay_deferred`.
     fn close_endpoint(&mut self, peer: Remote, force: bool) {
-        let Some(ep) = self.peers.get_mut(&peer).and_then(|p| p.ep.take()) else {
+        let Some(state) = self.peers.get_mut(&peer) else {
             return;
         };
+        if let Some(handshake) = state.handshake.take() {
+            self.replay
+                .extend(handshake.held.into_iter().map(|held| (peer, held)));
+        }
+        let Some(ep) = state.ep.take() else {
+            return;
+        };
+        self.callbacks
+            .own_endpoints
+            .borrow_mut()
+            .remove(&(ep as usize));
         let mut param = ucp_request_param_t::empty();
         param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         param.flags = if force { UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
@@ -1607,6 +1931,10 @@ impl Worker {
     }
 
     fn send_ack(&mut self, peer: Remote, ack: Ack) {
+        if let Some(handshake) = self.handshake_mut(peer) {
+            handshake.held.push(Deferred::Ack(ack));
+            return;
+        }
         // Bytes that landed prove their sender knew a destination's token:
         // it may be dialled to hear so. A refusal goes back over the
         // connection its message came on (`on_data`), never over a new one:
@@ -1691,6 +2019,9 @@ impl Worker {
         for peer in peers {
             self.close_endpoint(peer, false);
         }
+        for (_, held) in std::mem::take(&mut self.replay) {
+            fail_deferred(held, &stopped());
+        }
         let until = Instant::now() + CLOSE_GRACE;
         while Instant::now() < until {
             self.progress();
@@ -1731,6 +2062,26 @@ impl Worker {
             // freed (their completion never came).
             drop(unsafe { Box::from_raw(op as *mut ReceiveOp) });
         }
+    }
+}
+
+fn held_past_deadline(remote: Remote) -> Status {
+    status::deadline_exceeded(format!(
+        "UCX transfer to process {}: its deadline passed while the endpoint to it was being \
+         closed (the peer was asked to close an idle pair and answered late)",
+        remote.0
+    ))
+}
+
+/// Fails what a close handshake held and will never send.
+fn fail_deferred(held: Deferred, error: &Status) {
+    match held {
+        Deferred::Send(order) => order.transfer.fail(error.clone()),
+        Deferred::Chunk(order) => {
+            order.sent.set(Err(error.clone()));
+            order.transfer.fail(error.clone());
+        }
+        Deferred::Ack(_) => {}
     }
 }
 
@@ -2223,53 +2574,152 @@ unsafe extern "C" fn on_send_complete(
 /// Sends `ack` over `ep`, a live endpoint of the calling thread's worker.
 fn send_ack_over(api: &UcpApi, ep: ucp_ep_h, ack: &Ack) -> std::result::Result<(), String> {
     let (header, message) = ack.encode();
-    // The ack's bytes must live until UCX is done with them; a small
-    // leak-free holder freed by the completion callback.
-    let holder = Box::into_raw(Box::new((header, message)));
+    send_small_over(api, ep, AM_ACK, header.to_vec(), message, false).map(|_| ())
+}
+
+/// Sends a close handshake's message over `ep`, a live endpoint of the
+/// calling thread's worker, with the reply flag: its receiver learns which
+/// connection it came over. True while UCX still holds it.
+fn send_close_over(
+    api: &UcpApi,
+    ep: ucp_ep_h,
+    message: &CloseMessage,
+) -> std::result::Result<bool, String> {
+    send_small_over(
+        api,
+        ep,
+        AM_CLOSE,
+        message.encode().to_vec(),
+        Vec::new(),
+        true,
+    )
+}
+
+/// Sends a few bytes of header and payload as active message `id`; true
+/// while UCX still holds them (false: sent at once).
+fn send_small_over(
+    api: &UcpApi,
+    ep: ucp_ep_h,
+    id: u32,
+    header: Vec<u8>,
+    payload: Vec<u8>,
+    reply: bool,
+) -> std::result::Result<bool, String> {
+    // The bytes must live until UCX is done with them: a holder freed by
+    // the completion callback.
+    let holder = Box::into_raw(Box::new((header, payload)));
     let mut param = ucp_request_param_t::empty();
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = Some(on_ack_sent);
+    param.cb.send = Some(on_small_sent);
     param.user_data = holder.cast();
+    if reply {
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_AM_SEND_FLAG_REPLY;
+    }
     // SAFETY: the holder stays allocated until the completion callback (or
     // the immediate completion below) frees it; the caller vouches for ep.
     let sent = unsafe {
-        let (header, message) = &*holder;
+        let (header, payload) = &*holder;
         (api.am_send_nbx)(
             ep,
-            AM_ACK,
+            id,
             header.as_ptr().cast(),
             header.len(),
-            message.as_ptr().cast(),
-            message.len(),
+            payload.as_ptr().cast(),
+            payload.len(),
             &param,
         )
     };
     // A request frees itself and the holder in its callback.
     if ptr_is_request(sent) {
-        return Ok(());
+        return Ok(true);
     }
     // SAFETY: completed (or failed) at once: no callback will come.
     drop(unsafe { Box::from_raw(holder) });
     if ptr_is_err(sent) {
         return Err(api.describe(ptr_status(sent)));
     }
-    Ok(())
+    Ok(false)
 }
 
-unsafe extern "C" fn on_ack_sent(
+unsafe extern "C" fn on_small_sent(
     request: *mut c_void,
     _status: ucs_status_t,
     user_data: *mut c_void,
 ) {
-    // SAFETY: the holder was made by Box::into_raw in `send_ack` and is
-    // freed only here (this request's one completion).
-    drop(unsafe { Box::from_raw(user_data as *mut ([u8; super::wire::ACK_HEADER_LEN], Vec<u8>)) });
+    // SAFETY: the holder was made by Box::into_raw in `send_small_over` and
+    // is freed only here (this request's one completion).
+    drop(unsafe { Box::from_raw(user_data as *mut (Vec<u8>, Vec<u8>)) });
     CURRENT.with(|current| {
         if let Some(callbacks) = current.borrow().as_ref() {
             // SAFETY: the request's one completion; UCX allows freeing it here.
             unsafe { (callbacks.api.request_free)(request) };
         }
     });
+}
+
+unsafe extern "C" fn on_close(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    _data: *mut c_void,
+    length: usize,
+    param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    // SAFETY: as in `on_data`.
+    let callbacks = unsafe { &*(arg as *const Callbacks) };
+    // SAFETY: UCX passes a valid param.
+    let (recv_attr, reply_ep) = unsafe { ((*param).recv_attr, (*param).reply_ep) };
+    let decoded = if header.is_null() || length != 0 || recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV != 0
+    {
+        Err(status::invalid_argument(
+            "a close message is a header of its own length and nothing else",
+        ))
+    } else {
+        // SAFETY: `header_length` header bytes, valid during this callback.
+        CloseMessage::decode(unsafe {
+            std::slice::from_raw_parts(header.cast::<u8>(), header_length)
+        })
+    };
+    let message = match decoded {
+        Ok(message) => message,
+        Err(e) => {
+            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+            callbacks.push(Event::Dropped(format!(
+                "a close message was dropped: {}",
+                e.message
+            )));
+            return UCS_OK;
+        }
+    };
+    if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP == 0 || reply_ep.is_null() {
+        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+        return UCS_OK;
+    }
+    if callbacks
+        .own_endpoints
+        .borrow()
+        .contains(&(reply_ep as usize))
+    {
+        // The loop decides: it knows what this side has in flight.
+        callbacks.push(Event::Close { message, reply_ep });
+    } else if message.kind == CloseKind::Ask {
+        // Over a connection this side did not make (a stranger's, or the
+        // peer's half of a pair UCX did not join with this side's
+        // endpoint): nothing of this side's rides on it, so closing it
+        // loses nothing here. Answered now, while UCX vouches for the
+        // endpoint (it may drop one it made itself once this returns).
+        let agree = CloseMessage {
+            kind: CloseKind::Agree,
+            sender: callbacks.me.0,
+            sender_worker: callbacks.me.1,
+            handshake: message.handshake,
+        };
+        if let Err(e) = send_close_over(&callbacks.api, reply_ep, &agree) {
+            callbacks.push(Event::Dropped(format!("answering a close failed: {e}")));
+        }
+    }
+    UCS_OK
 }
 
 fn remote_to_user_data(remote: Remote) -> *mut c_void {
