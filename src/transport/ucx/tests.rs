@@ -471,6 +471,18 @@ fn job(count: u32) -> Option<Vec<UcxTransport>> {
     Some(job)
 }
 
+/// 4 KiB from `from` to `to` of `job`, landed and checked.
+fn deliver(job: &[UcxTransport], from: usize, to: usize, seed: u8) {
+    let destination = Arc::new(HeapDestination::new(4096));
+    let token = AuthToken::generate().unwrap();
+    job[to]
+        .registry()
+        .register(token, destination.clone())
+        .unwrap();
+    send(&job[from], to as u32, token, 0, pattern(4096, seed)).unwrap();
+    assert_eq!(destination.to_vec(), pattern(4096, seed));
+}
+
 #[test]
 fn ucx_endpoints_beyond_the_bound_close_by_handshake_while_the_peers_keep_sending() {
     // Process 0 keeps one endpoint and sweeps every 20 ms, while it and
@@ -535,16 +547,7 @@ fn a_close_asked_over_another_connection_closes_nothing() {
     // connection: process 0 answers (it closes nothing of its own there)
     // and keeps its endpoint to process 1, which still carries transfers.
     let Some(job) = job(3) else { return };
-    let transfer = |from: usize, to: usize, seed: u8| {
-        let destination = Arc::new(HeapDestination::new(4096));
-        let token = AuthToken::generate().unwrap();
-        job[to]
-            .registry()
-            .register(token, destination.clone())
-            .unwrap();
-        send(&job[from], to as u32, token, 0, pattern(4096, seed)).unwrap();
-        assert_eq!(destination.to_vec(), pattern(4096, seed));
-    };
+    let transfer = |from: usize, to: usize, seed: u8| deliver(&job, from, to, seed);
     transfer(0, 1, 1);
     transfer(1, 0, 2);
     let open = job[0].open_endpoints();
@@ -996,16 +999,7 @@ fn closing_a_pair_by_handshake_leaves_no_tcp_connection_behind() {
 fn tcp_connections_closed_with_their_endpoint_pairs() {
     let Some(job) = job(2) else { return };
     let before = established_tcp();
-    let transfer = |from: usize, to: usize| {
-        let destination = Arc::new(HeapDestination::new(4096));
-        let token = AuthToken::generate().unwrap();
-        job[to]
-            .registry()
-            .register(token, destination.clone())
-            .unwrap();
-        send(&job[from], to as u32, token, 0, pattern(4096, 1)).unwrap();
-        assert_eq!(destination.to_vec(), pattern(4096, 1));
-    };
+    let transfer = |from: usize, to: usize| deliver(&job, from, to, 1);
     transfer(0, 1);
     transfer(1, 0);
     assert!(established_tcp() > before, "UCX is not on TCP here");

@@ -2167,28 +2167,15 @@ unsafe extern "C" fn on_data(
     // SAFETY: `param` is valid for the duration of this callback.
     let reply_ep = unsafe { (*param).reply_ep };
     let refuse_answering = |refusal: Status| {
-        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        let ack = Ack {
-            request: parsed.request,
-            token: parsed.token,
-            outcome: Err(refusal),
-            receipt_applied: false,
-        };
-        if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP != 0 && !reply_ep.is_null() {
-            if let Err(e) = send_ack_over(&callbacks.api, reply_ep, &ack) {
-                callbacks.push(Event::Dropped(format!(
-                    "a refusal for process {} could not be sent: {e}",
-                    parsed.sender
-                )));
-            }
-        } else {
-            callbacks.push(Event::Received {
-                peer: (parsed.sender, parsed.sender_worker),
-                ack,
-                receipt: None,
-            });
-        }
-        UCS_OK
+        refuse_over_reply(
+            callbacks,
+            recv_attr,
+            reply_ep,
+            (parsed.sender, parsed.sender_worker),
+            parsed.request,
+            parsed.token,
+            refusal,
+        )
     };
     if parsed.length != length as u64 {
         return refuse_answering(status::invalid_argument(format!(
@@ -2292,6 +2279,42 @@ unsafe extern "C" fn on_data(
     UCS_INPROGRESS
 }
 
+/// Refuses a DATA or CHUNK message: its request is answered with
+/// `refusal` over the connection it came on (UCX names it in `reply_ep`),
+/// never over a new one, or, where UCX gave none, by the loop.
+fn refuse_over_reply(
+    callbacks: &Callbacks,
+    recv_attr: u64,
+    reply_ep: ucp_ep_h,
+    sender: Remote,
+    request: u64,
+    token: AuthToken,
+    refusal: Status,
+) -> ucs_status_t {
+    callbacks.rejected.fetch_add(1, Ordering::Relaxed);
+    let ack = Ack {
+        request,
+        token,
+        outcome: Err(refusal),
+        receipt_applied: false,
+    };
+    if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP != 0 && !reply_ep.is_null() {
+        if let Err(e) = send_ack_over(&callbacks.api, reply_ep, &ack) {
+            callbacks.push(Event::Dropped(format!(
+                "a refusal for process {} could not be sent: {e}",
+                sender.0
+            )));
+        }
+    } else {
+        callbacks.push(Event::Received {
+            peer: sender,
+            ack,
+            receipt: None,
+        });
+    }
+    UCS_OK
+}
+
 unsafe extern "C" fn on_receive_complete(
     request: *mut c_void,
     status: ucs_status_t,
@@ -2345,28 +2368,15 @@ unsafe extern "C" fn on_chunk(
     // A refusal answers this message's own request, over the connection it
     // came on (never over a new one), and fails its stream at the sender.
     let refuse = |refusal: Status| {
-        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        let ack = Ack {
-            request: parsed.request,
-            token: parsed.token,
-            outcome: Err(refusal),
-            receipt_applied: false,
-        };
-        if recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP != 0 && !reply_ep.is_null() {
-            if let Err(e) = send_ack_over(&callbacks.api, reply_ep, &ack) {
-                callbacks.push(Event::Dropped(format!(
-                    "a refusal for process {} could not be sent: {e}",
-                    parsed.sender
-                )));
-            }
-        } else {
-            callbacks.push(Event::Received {
-                peer: (parsed.sender, parsed.sender_worker),
-                ack,
-                receipt: None,
-            });
-        }
-        UCS_OK
+        refuse_over_reply(
+            callbacks,
+            recv_attr,
+            reply_ep,
+            (parsed.sender, parsed.sender_worker),
+            parsed.request,
+            parsed.token,
+            refusal,
+        )
     };
     if parsed.length != length as u64 {
         return refuse(status::invalid_argument(format!(
