@@ -53,7 +53,7 @@ class NHostJob:
         self.nofile = nofile
         self.pause = pause
         # After the rounds, what is open is measured: after settle_s idle,
-        # or once the UCX endpoints are down to settle_endpoints a worker
+        # or once the process's UCX endpoints are down to settle_endpoints
         # (settle_s then bounds the wait).
         self.settle_s = settle_s
         self.settle_endpoints = settle_endpoints

@@ -102,8 +102,8 @@ def usage(store: str | None) -> dict:
 
 
 def settle(client, cfg: dict) -> dict:
-    """What stays open once nothing is sent: with ``settle_endpoints`` (per
-    UCX worker), as soon as the UCX endpoints are down to that bound (or
+    """What stays open once nothing is sent: with ``settle_endpoints``, as
+    soon as the process's UCX endpoints are down to that bound (or
     ``settle_s`` passed); else after ``settle_s`` of nothing (a benchmark's
     look, past the sweeps' grace)."""
     started = time.monotonic()
@@ -113,7 +113,7 @@ def settle(client, cfg: dict) -> dict:
         if bound is None:
             if time.monotonic() - started >= cfg["settle_s"]:
                 break
-        elif m.get("ucx_endpoints_open", 0) <= bound * m.get("ucx_workers", 0):
+        elif m.get("ucx_endpoints_open", 0) <= bound:
             break
         if time.monotonic() - started >= cfg["settle_s"]:
             break

@@ -482,7 +482,7 @@ impl TransferService {
                     .as_ref()
                     .map_or(0, |ucx| ucx.open_endpoints() as u64),
             ),
-            // Each worker keeps at most max_peer_connections endpoints idle.
+            // Workers of the UCX transport, which share max_peer_connections.
             (
                 "ucx_workers",
                 self.ucx.as_ref().map_or(0, |ucx| ucx.worker_count() as u64),

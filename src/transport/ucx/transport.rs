@@ -195,14 +195,19 @@ impl UcxTransport {
             .sum()
     }
 
-    /// The bounds each worker keeps its endpoints to (the client's
+    /// The bounds the workers keep their endpoints to (the client's
     /// `max_peer_connections` and `peer_idle_timeout_ms`): an idle endpoint
     /// unused for the timeout, and beyond the bound the least recently used
     /// idle ones, close by a handshake with the peer (`worker.rs`), never
-    /// under a peer that still sends on the pair.
+    /// under a peer that still sends on the pair. The bound is the
+    /// process's: each of the `w` workers keeps `max_open / w` idle ones.
     pub fn set_connection_limits(&self, limits: &ConnectionLimits) {
+        let per_worker = ConnectionLimits {
+            max_open: limits.max_open / self.workers.len().max(1),
+            ..limits.clone()
+        };
         for worker in self.workers.iter() {
-            worker.set_connection_limits(limits.clone());
+            worker.set_connection_limits(per_worker.clone());
         }
     }
 
