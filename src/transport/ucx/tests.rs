@@ -1019,4 +1019,11 @@ fn tcp_connections_closed_with_their_endpoint_pairs() {
         transfer(0, 1);
         transfer(1, 0);
     }
+    // What each closed endpoint left behind is freed too: a tag for UCX's
+    // error handler, kept a sweep past the close.
+    for t in &job {
+        wait_until("closed endpoints' tags are freed", || {
+            t.endpoint_tags() == t.open_endpoints()
+        });
+    }
 }

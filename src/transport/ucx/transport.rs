@@ -187,6 +187,12 @@ impl UcxTransport {
         self.workers[0].send_close_message(to, message)
     }
 
+    /// Endpoint tags the workers hold (open, closing and retired).
+    #[cfg(test)]
+    pub fn endpoint_tags(&self) -> usize {
+        self.workers.iter().map(WorkerHandle::endpoint_tags).sum()
+    }
+
     /// Endpoint pairs closed by a handshake both sides agreed to.
     pub fn closed_by_handshake(&self) -> u64 {
         self.workers

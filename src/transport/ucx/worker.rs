@@ -474,6 +474,13 @@ impl WorkerHandle {
         Ok(())
     }
 
+    /// Endpoint tags this worker holds (open, closing and retired).
+    #[cfg(test)]
+    pub fn endpoint_tags(&self) -> usize {
+        let worker = self.worker.lock();
+        worker.tags.len() + worker.closing.len() + worker.retired_tags.len()
+    }
+
     /// Endpoint pairs closed by a handshake both sides agreed to.
     pub fn closed_by_handshake(&self) -> u64 {
         self.worker
@@ -687,12 +694,16 @@ struct Worker {
     worker_counts: HashMap<u32, u16>,
     sends: HashMap<u64, SendOp>,
     next_request: u64,
-    /// Boxed: UCX holds each tag's address for its endpoint's life.
-    #[allow(clippy::vec_box)]
-    tags: Vec<Box<EndpointTag>>,
+    /// Each open endpoint's tag, by endpoint. Boxed: UCX holds the tag's
+    /// address for the endpoint's life.
+    tags: HashMap<usize, Box<EndpointTag>>,
     lanes: Lanes,
     held: Arc<AtomicUsize>,
-    closing: Vec<ucs_status_ptr_t>,
+    /// Closes UCX has not finished, with their endpoint's tag.
+    closing: Vec<(ucs_status_ptr_t, Box<EndpointTag>)>,
+    /// Tags of closed endpoints, freed a sweep after the close (a callback
+    /// UCX had queued for the endpoint has run by then).
+    retired_tags: Vec<(Instant, Box<EndpointTag>)>,
     /// Bounds on open endpoints (`transport/connections/`'s rules).
     limits: ConnectionLimits,
     next_sweep: Instant,
@@ -830,10 +841,11 @@ impl Worker {
             worker_counts: HashMap::new(),
             sends: HashMap::new(),
             next_request: 1,
-            tags: Vec::new(),
+            tags: HashMap::new(),
             lanes,
             held,
             closing: Vec::new(),
+            retired_tags: Vec::new(),
             limits: ConnectionLimits::default(),
             next_sweep: Instant::now() + SWEEP_EVERY,
             next_handshake: 1,
@@ -1175,7 +1187,8 @@ impl Worker {
         let mut ep: ucp_ep_h = std::ptr::null_mut();
         // SAFETY: the address bytes are a worker address from the peer's
         // session entry (UCX validates it), the tag outlives the endpoint
-        // (kept in `tags` until shutdown), and the worker is ours.
+        // (kept in `tags` until the endpoint is closed and retired a sweep
+        // later), and the worker is ours.
         let created = unsafe { (self.api.ep_create)(self.worker, &params, &mut ep) };
         if created != UCS_OK {
             return Err(status::unavailable(format!(
@@ -1184,7 +1197,7 @@ impl Worker {
                 self.api.describe(created)
             )));
         }
-        self.tags.push(tag);
+        self.tags.insert(ep as usize, tag);
         state.ep = Some(ep);
         self.callbacks
             .own_endpoints
@@ -1636,7 +1649,7 @@ impl Worker {
             return;
         }
         self.next_sweep = now + SWEEP_EVERY.min(self.limits.grace.max(MIN_SWEEP_EVERY));
-        self.free_finished_closes();
+        self.free_finished_closes(now);
         let unanswered: Vec<Remote> = self
             .peers
             .iter()
@@ -1858,18 +1871,23 @@ impl Worker {
         true
     }
 
-    /// Frees the requests of endpoint closes UCX has finished.
-    fn free_finished_closes(&mut self) {
-        let api = self.api.clone();
-        self.closing.retain(|&request| {
-            // SAFETY: close requests UCX returned and nobody freed yet.
-            let done = unsafe { (api.request_check_status)(request) != UCS_INPROGRESS };
-            if done {
-                // SAFETY: finished, and freed once (dropped from the list).
-                unsafe { (api.request_free)(request) };
+    /// Frees the requests of endpoint closes UCX has finished, and the tags
+    /// of endpoints closed before the last sweep.
+    fn free_finished_closes(&mut self, now: Instant) {
+        self.retired_tags
+            .retain(|(closed, _)| *closed + SWEEP_EVERY > now);
+        let mut finished = Vec::new();
+        for (request, tag) in std::mem::take(&mut self.closing) {
+            // SAFETY: a close request UCX returned and nobody freed yet.
+            if unsafe { (self.api.request_check_status)(request) } == UCS_INPROGRESS {
+                self.closing.push((request, tag));
+            } else {
+                // SAFETY: finished, and freed once (it leaves the list).
+                unsafe { (self.api.request_free)(request) };
+                finished.push((now, tag));
             }
-            !done
-        });
+        }
+        self.retired_tags.extend(finished);
     }
 
     fn open_endpoints(&self) -> usize {
@@ -1900,8 +1918,15 @@ impl Worker {
         param.flags = if force { UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
         // SAFETY: a live endpoint of this worker, closed once (taken above).
         let closing = unsafe { (self.api.ep_close_nbx)(ep, &param) };
-        if ptr_is_request(closing) {
-            self.closing.push(closing);
+        if let Some(tag) = self.tags.remove(&(ep as usize)) {
+            if ptr_is_request(closing) {
+                self.closing.push((closing, tag));
+            } else {
+                self.retired_tags.push((Instant::now(), tag));
+            }
+        } else if ptr_is_request(closing) {
+            // SAFETY: a request UCX returned, not kept anywhere.
+            unsafe { (self.api.request_free)(closing) };
         }
         self.lanes.lock().remove(&peer.0);
     }
@@ -2025,7 +2050,7 @@ impl Worker {
         let until = Instant::now() + CLOSE_GRACE;
         while Instant::now() < until {
             self.progress();
-            let still_closing = self.closing.iter().any(|&request| {
+            let still_closing = self.closing.iter().any(|&(request, _)| {
                 // SAFETY: close requests UCX returned, freed only below.
                 unsafe { (self.api.request_check_status)(request) == UCS_INPROGRESS }
             });
@@ -2039,9 +2064,13 @@ impl Worker {
         if stuck > 0 {
             log::warn!("UCX transport: {stuck} sends were still held by UCX at shutdown");
         }
-        for request in self.closing.drain(..) {
+        // Tags outlive the worker: UCX may call an endpoint's handler until
+        // it is destroyed.
+        let mut tags_until_destroyed = Vec::new();
+        for (request, tag) in self.closing.drain(..) {
             // SAFETY: each close request is freed once.
             unsafe { (self.api.request_free)(request) };
+            tags_until_destroyed.push(tag);
         }
         // SAFETY: every endpoint is closed; destroying the worker, then the
         // context, is the last UCP use of either.
