@@ -110,10 +110,7 @@ def settle(client, cfg: dict) -> dict:
     bound = cfg.get("settle_endpoints")
     while True:
         m = th.metrics(client)
-        if bound is None:
-            if time.monotonic() - started >= cfg["settle_s"]:
-                break
-        elif m.get("ucx_endpoints_open", 0) <= bound:
+        if bound is not None and m.get("ucx_endpoints_open", 0) <= bound:
             break
         if time.monotonic() - started >= cfg["settle_s"]:
             break

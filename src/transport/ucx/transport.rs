@@ -165,7 +165,6 @@ impl UcxTransport {
         self.workers.iter().map(WorkerHandle::sends_held).sum()
     }
 
-    /// DATA messages refused (unknown token, bad header or bounds).
     /// Workers (each with its own endpoints to the peers).
     pub fn worker_count(&self) -> usize {
         self.workers.len()
@@ -222,6 +221,7 @@ impl UcxTransport {
         self.streams.count()
     }
 
+    /// DATA messages refused (unknown token, bad header or bounds).
     pub fn rejected_messages(&self) -> u64 {
         self.workers
             .iter()

@@ -302,6 +302,17 @@ enum Deferred {
     Ack(Ack),
 }
 
+impl Deferred {
+    /// When a held send is late (an ack has no deadline of its own).
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Deferred::Send(order) => Some(order.deadline),
+            Deferred::Chunk(order) => Some(order.deadline),
+            Deferred::Ack(_) => None,
+        }
+    }
+}
+
 /// A `Connect` in progress: the flushes still out, the first failure, and
 /// who waits.
 struct Connecting {
@@ -1830,14 +1841,13 @@ impl Worker {
                     // Nothing of this side's is in flight on the pair (it
                     // held what came since its ask): forced, see above.
                     self.close_endpoint(remote, true);
-                } else if let Some(state) = self.peers.get_mut(&remote) {
+                } else {
                     // The peer still uses the pair: keep it, and do not ask
                     // again before it was idle a while.
-                    state.last_used = Instant::now();
-                    if let Some(handshake) = state.handshake.take() {
-                        self.replay
-                            .extend(handshake.held.into_iter().map(|held| (remote, held)));
+                    if let Some(state) = self.peers.get_mut(&remote) {
+                        state.last_used = Instant::now();
                     }
+                    self.end_handshake(remote);
                 }
             }
         }
@@ -1850,17 +1860,13 @@ impl Worker {
         }
         let now = Instant::now();
         for (remote, held) in std::mem::take(&mut self.replay) {
+            if held.deadline().is_some_and(|deadline| deadline <= now) {
+                fail_deferred(held, &held_past_deadline(remote));
+                continue;
+            }
             match held {
-                Deferred::Send(order) if order.deadline <= now => {
-                    order.transfer.fail(held_past_deadline(remote));
-                }
                 Deferred::Send(order) => {
                     self.start_send(order);
-                }
-                Deferred::Chunk(order) if order.deadline <= now => {
-                    let error = held_past_deadline(remote);
-                    order.sent.set(Err(error.clone()));
-                    order.transfer.fail(error);
                 }
                 Deferred::Chunk(order) => {
                     self.start_chunk(order);
@@ -1869,6 +1875,19 @@ impl Worker {
             }
         }
         true
+    }
+
+    /// Ends this side's handshake with `remote`, if any: what it held is
+    /// started again by `replay_deferred`.
+    fn end_handshake(&mut self, remote: Remote) {
+        if let Some(handshake) = self
+            .peers
+            .get_mut(&remote)
+            .and_then(|state| state.handshake.take())
+        {
+            self.replay
+                .extend(handshake.held.into_iter().map(|held| (remote, held)));
+        }
     }
 
     /// Frees the requests of endpoint closes UCX has finished, and the tags
@@ -1899,14 +1918,8 @@ impl Worker {
     /// What a close handshake held for the peer is started again (on a new
     /// endpoint) by `replay_deferred`.
     fn close_endpoint(&mut self, peer: Remote, force: bool) {
-        let Some(state) = self.peers.get_mut(&peer) else {
-            return;
-        };
-        if let Some(handshake) = state.handshake.take() {
-            self.replay
-                .extend(handshake.held.into_iter().map(|held| (peer, held)));
-        }
-        let Some(ep) = state.ep.take() else {
+        self.end_handshake(peer);
+        let Some(ep) = self.peers.get_mut(&peer).and_then(|state| state.ep.take()) else {
             return;
         };
         self.callbacks
