@@ -32,7 +32,7 @@ use once_cell::sync::OnceCell;
 
 use super::landing::{landed, Claim};
 use super::server_config::TcpServerConfig;
-use super::socket::{recv_now_into, set_large_buffers};
+use super::socket::recv_now_into;
 use super::wire::{
     encode_refusal, encode_response, RequestHeader, COALESCED_PAYLOAD_BYTES, REQUEST_HEADER_LEN,
 };
@@ -586,7 +586,6 @@ fn prepare_for_payload(stream: &TcpStream, config: &TcpServerConfig) -> io::Resu
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(config.io_timeout))?;
     stream.set_write_timeout(Some(config.io_timeout))?;
-    set_large_buffers(stream);
     Ok(())
 }
 

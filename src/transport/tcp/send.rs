@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::socket::{is_timeout, set_large_buffers, unusable_when_idle};
+use super::socket::{is_timeout, unusable_when_idle};
 use super::wire::{
     read_response, RequestHeader, Response, COALESCED_PAYLOAD_BYTES, MAX_RECEIPT_LEN,
 };
@@ -214,7 +214,6 @@ fn connect(endpoint: SocketAddr, deadline: &Deadline) -> Result<TcpStream> {
     stream
         .set_nodelay(true)
         .map_err(|error| connection_status(endpoint, "configure", &error, deadline))?;
-    set_large_buffers(&stream);
     Ok(stream)
 }
 
