@@ -20,13 +20,15 @@ JAX's coordinator on host a (xh-a, 10.77.0.1), process 1 on host b (xh-b,
 10.77.0.2), joined by a veth, each host with its own network, pid, IPC, UTS
 namespace, /dev/shm and boot id, so no same-host shortcut exists. One run
 measures JAX's own CPU path (its socket transfer server, told each host's
-bed address) and crosshost in each of HOST_VARIANTS (or --variant), each
-job --rounds times in alternating order with its times pooled, one raw
+bed address), crosshost in each of HOST_VARIANTS (or --variant), one raw
 TCP stream over the same veth (256 MiB, sendall/recv_into), and the bytes
 of the 1 MiB case raw on one stream and of the 64 x 1 MiB case over 1, 2
 and 4 parallel streams (RAW_CEILINGS: what the veth moves at all with
-plain sockets, beside JAX's path and ours). It prints the ratios and
-crosshost's large-transfer rate as a fraction of the raw stream's.
+plain sockets, beside JAX's path and ours); each of these jobs runs
+--rounds times in alternating order, with its times pooled. It prints the
+ratios to JAX's path, each variant's ratio to the fastest raw streams of
+the same bytes (median, and each round's own), and crosshost's
+large-transfer rate as a fraction of the raw stream's.
 Options in --per-host-options (default PER_HOST_OPTIONS) are added to
 every crosshost variant, with {addr} replaced by each host's own bed
 address and {host} by its name.
@@ -440,6 +442,15 @@ def pooled(reports: list) -> dict:
     return merged
 
 
+def pooled_raw(reports: list) -> dict:
+    """One raw TCP job's reports over the rounds as one: every round's
+    times together; the first failure if a round failed."""
+    for report in reports:
+        if "error" in report:
+            return report
+    return {**reports[-1], "times": [t for report in reports for t in report["times"]]}
+
+
 def main_hosts(args, cases: list, jax_version: str) -> None:
     sys.path.insert(0, str(REPO / "python_tests"))
     import two_hosts
@@ -467,7 +478,14 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         # Each round runs every job once, starting one job later than the
         # round before: a slow spell of this shared machine then falls on
         # each job in turn instead of on whichever happened to run in it.
-        rounds: dict = {"cpu": [], "variants": {label: [] for label, _ in variants}}
+        # The raw streams are jobs of the rounds too, so that each ratio to
+        # them compares times of the same spells.
+        ceilings = [(case, nbytes, streams) for case, nbytes, streams in RAW_CEILINGS
+                    if any(c[0] == case for c in cases)]
+        rounds: dict = {"cpu": [], "variants": {label: [] for label, _ in variants},
+                        "raw_tcp": [],
+                        "raw_ceilings": {case: {n: [] for n in streams}
+                                         for case, _, streams in ceilings}}
         # (what, how, where its rounds' reports go)
         jobs = [("JAX's CPU path", lambda: run_backend(
             "cpu", args.reps, cases, args.python, bed=bed, timeout=args.timeout), rounds["cpu"])]
@@ -480,6 +498,14 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
                              host_options=opts, timeout=args.timeout,
                              hide_ucx=label.endswith("-noucx")),
                          rounds["variants"][label]))
+        jobs.append(("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python), rounds["raw_tcp"]))
+        for case, nbytes, streams in ceilings:
+            for n in streams:
+                jobs.append((f"raw TCP, {case}, {n} streams",
+                             lambda nbytes=nbytes, n=n: run_raw_tcp(
+                                 bed, args.reps * (SMALL_REPS_FACTOR if nbytes <= SMALL_BYTES else 1),
+                                 args.python, nbytes=nbytes, streams=n),
+                             rounds["raw_ceilings"][case][n]))
         for r in range(args.rounds):
             for what, run, reports in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
                 reports.append(attempt(f"{what}, round {r + 1}", run))
@@ -487,14 +513,9 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
         results["cpu"] = pooled(rounds["cpu"])
         for label, reports in rounds["variants"].items():
             results["variants"][label] = pooled(reports)
-        results["raw_tcp"] = attempt("raw TCP", lambda: run_raw_tcp(bed, args.reps, args.python))
-        results["raw_ceilings"] = {
-            case: {n: attempt(f"raw TCP, {case}, {n} streams", lambda nbytes=nbytes, n=n: run_raw_tcp(
-                bed, args.reps * (SMALL_REPS_FACTOR if nbytes <= SMALL_BYTES else 1), args.python,
-                nbytes=nbytes, streams=n)) for n in streams}
-            for case, nbytes, streams in RAW_CEILINGS
-            if any(c[0] == case for c in cases)
-        }
+        results["raw_tcp"] = pooled_raw(rounds["raw_tcp"])
+        results["raw_ceilings"] = {case: {n: pooled_raw(reports) for n, reports in by_n.items()}
+                                   for case, by_n in rounds["raw_ceilings"].items()}
 
     cpu, raw = results["cpu"], results["raw_tcp"]
     labels = [label for label, _ in variants]
@@ -569,6 +590,29 @@ def main_hosts(args, cases: list, jax_version: str) -> None:
             if theirs:
                 line += f"; JAX's path takes {theirs / t:.2f}x as long"
             print(line)
+    # Each variant against the fastest raw streams of the same bytes (the
+    # median over the rounds; in brackets each round's own ratio, that
+    # round's fastest raw streams / that round's variant): above 1 is faster.
+    for case, by_streams in results["raw_ceilings"].items():
+        timed = {n: statistics.median(r["times"]) for n, r in by_streams.items() if r.get("times")}
+        if not timed:
+            continue
+        best_n = min(timed, key=timed.get)
+        for label in labels:
+            mine = med(results["variants"][label], case)
+            if not mine:
+                continue
+            per_round = []
+            for r, report in enumerate(results["rounds"]["variants"][label]):
+                raws = [statistics.median(reports[r]["times"])
+                        for reports in results["rounds"]["raw_ceilings"][case].values()
+                        if r < len(reports) and reports[r].get("times")]
+                if raws and med(report, case):
+                    per_round.append(min(raws) / med(report, case))
+            spread = (f" ({min(per_round):.2f}-{max(per_round):.2f} per round)"
+                      if len(per_round) > 1 else "")
+            print(f"crosshost {label} for {case}: {timed[best_n] / mine:.2f}x the best raw TCP "
+                  f"({best_n} stream(s), {timed[best_n] * 1e3:.2f} ms){spread}")
     for label in labels:
         report = results["variants"][label]
         if "error" in report:
