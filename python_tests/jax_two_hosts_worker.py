@@ -74,6 +74,9 @@ def main() -> int:
         src_devices = [d for d in jax.devices() if d.process_index == 0]
         dst_devices = [d for d in jax.devices() if d.process_index == 1]
         total = 0
+        # Per round, the bytes of each array: the test tells from them which
+        # transport `auto` picks for each (src/transfer/route.rs).
+        result["round_nbytes"] = []
         t0 = time.monotonic()
         for r, step in enumerate(plan(rounds, seed)):
             src, dst = src_devices[step["src"]], dst_devices[step["dst"]]
@@ -97,6 +100,7 @@ def main() -> int:
                     if not ok:
                         result["bad"].append({"round": r, "shape": list(shape), "dtype": dt})
             total += sum(e.nbytes for e in expected)
+            result["round_nbytes"].append([int(e.nbytes) for e in expected])
         result["transfers"] = sum(len(s["arrays"]) for s in plan(rounds, seed))
         result["total_bytes"] = int(total)
         result["seconds"] = time.monotonic() - t0

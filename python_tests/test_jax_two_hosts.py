@@ -43,6 +43,9 @@ pytestmark = [
 ]
 
 WORKER = HERE / "jax_two_hosts_worker.py"
+# `auto`'s batch rule where UCX's only lane is TCP (src/transfer/route.rs).
+TCP_BATCH_MIN_BYTES = 256 << 10
+TCP_BATCH_MIN_COUNT = 2
 ROUNDS = 200
 SEED = 7
 TIMEOUT_S = 90
@@ -165,14 +168,29 @@ def test_200_rounds_of_mixed_device_puts_across_two_hosts_every_byte_and_no_key_
         assert side["jax_store_transfer_keys"] == [], side["jax_store_transfer_keys"][:5]
     # Not through shared memory (the hosts share none): over UCX, whose
     # lanes are TCP over the bed's eth0, or with libucp hidden over the
-    # plugin's TCP transport. Every byte went the one way.
+    # plugin's TCP transport. Where UCX's only lane is TCP, as here, `auto`
+    # sends a batch's buffers of at least TCP_BATCH_MIN_BYTES over the TCP
+    # transport when TCP_BATCH_MIN_COUNT or more of them come from one peer
+    # (src/transfer/route.rs); the plan holds such batches.
     carried = "ucx" if route == "ucx" else "tcp"
     if os.environ.get(OPTIONS_KNOB, "").find("transport=tcp") >= 0:
         carried = "tcp"
     transports = r["transports"]
-    assert transports[carried]["bytes_received"] == total, transports
-    assert transports[carried]["transfers_received"] == n, transports
-    assert s["transports"][carried]["bytes_sent"] == total, s["transports"]
+    assert transports["shm"]["bytes_received"] == 0, transports
+    by_tcp = [] if carried == "tcp" else [
+        b for batch in receiver["round_nbytes"] for b in batch
+        if b >= TCP_BATCH_MIN_BYTES
+        and sum(x >= TCP_BATCH_MIN_BYTES for x in batch) >= TCP_BATCH_MIN_COUNT]
+    if carried == "ucx":
+        assert by_tcp, "the plan has no batch that auto sends over the TCP transport"
+    split = {"tcp": (sum(by_tcp), len(by_tcp)),
+             "ucx": (total - sum(by_tcp), n - len(by_tcp))}
+    if carried == "tcp":
+        split = {"tcp": (total, n), "ucx": (0, 0)}
+    for transport, (nbytes, count) in split.items():
+        assert transports[transport]["bytes_received"] == nbytes, (transport, transports)
+        assert transports[transport]["transfers_received"] == count, (transport, transports)
+        assert s["transports"][transport]["bytes_sent"] == nbytes, (transport, s["transports"])
     if carried == "ucx":
         lanes = transports["ucx"]["lanes"]
         assert "tcp/eth0" in lanes, lanes

@@ -68,19 +68,21 @@ pub struct Reach {
 /// Buffers of at least `TCP_BATCH_MIN_BYTES`, `TCP_BATCH_MIN_COUNT` or
 /// more of them from one peer in one receive batch, go over the TCP
 /// transport where UCX's only lane is TCP. Measured on the two-host bed
-/// inside JAX, UCX 1.22 against the TCP transport (`bench/jax_device_put.py
-/// --hosts --variant ucx=transport=ucx --variant tcp=transport=tcp --cases
-/// ...`, three alternating rounds, medians in ms, UCX / TCP;
-/// docs/benchmarks.md): from 8 such buffers on, TCP was ahead every time
-/// (8 x 1 MiB 3.65 / 3.31, 16 x 256 KiB 2.78 / 1.84, 64 x 1 MiB 24.1 / 21.5,
-/// 16 x 4 MiB 20.1 / 14.9): its handler threads receive several buffers
-/// straight into their destinations at once. Below 8 it went either way
-/// (4 x 256 KiB 0.83 / 0.94, 4 x 1 MiB 2.03 / 1.86, 4 x 4 MiB 5.57 / 5.77),
-/// and UCX was ahead for lone buffers (4 MiB 1.60 / 1.94, 64 MiB 19.2 /
-/// 29.0: it stripes one buffer over its workers) and small ones (16 x 64 KiB
-/// 1.14 / 1.36).
+/// inside JAX, UCX 1.22 against the TCP transport with the kernel's socket
+/// buffer autotuning (`bench/jax_device_put.py --hosts --variant
+/// ucx=transport=ucx --variant tcp=transport=tcp --cases ...`, medians over
+/// three and five alternating rounds in ms, UCX / TCP; docs/benchmarks.md):
+/// from 2 such buffers on, TCP was ahead for buffers up to 2 MiB (2 x 256
+/// KiB 0.63 / 0.48, 4 x 1 MiB 2.25 / 1.71, 4 x 2 MiB 3.85 / 3.08, 64 x 1
+/// MiB 26.2 / 19.2): its handler threads receive several buffers straight
+/// into their destinations at once; batches of 4 MiB buffers were even (4 x
+/// 4 MiB 5.91 / 5.59, 16 x 4 MiB 21.5 / 20.4). A lone buffer stays on UCX:
+/// from 4 MiB UCX stripes it over its workers (4 MiB 1.82 / 2.18, 16 MiB
+/// 5.88 / 8.97), and below that the two were within run-to-run spread (1
+/// MiB 0.80 / 0.76, 2 MiB 1.15 / 1.24). Below 256 KiB UCX was ahead or even
+/// (64 x 4 KiB 2.98 / 3.52, 16 x 64 KiB 1.43 / 1.36).
 pub const TCP_BATCH_MIN_BYTES: usize = 256 << 10;
-pub const TCP_BATCH_MIN_COUNT: usize = 8;
+pub const TCP_BATCH_MIN_COUNT: usize = 2;
 
 /// How one destination is offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,10 +174,7 @@ mod tests {
         let large = TCP_BATCH_MIN_BYTES;
         let count = TCP_BATCH_MIN_COUNT;
         assert_eq!(Route::for_buffer(Auto, tcp_only, large, count), Route::Tcp);
-        assert_eq!(
-            Route::for_buffer(Auto, tcp_only, large, count - 1),
-            Route::Ucx
-        );
+        assert_eq!(Route::for_buffer(Auto, tcp_only, large, 1), Route::Ucx);
         assert_eq!(Route::for_buffer(Auto, tcp_only, 64 << 20, 16), Route::Tcp);
         // A lone large buffer is striped over UCX's workers; small ones
         // cost UCX less, in a batch or not.
