@@ -177,16 +177,15 @@ def test_200_rounds_of_mixed_device_puts_across_two_hosts_every_byte_and_no_key_
         carried = "tcp"
     transports = r["transports"]
     assert transports["shm"]["bytes_received"] == 0, transports
-    by_tcp = [] if carried == "tcp" else [
-        b for batch in receiver["round_nbytes"] for b in batch
-        if b >= TCP_BATCH_MIN_BYTES
-        and sum(x >= TCP_BATCH_MIN_BYTES for x in batch) >= TCP_BATCH_MIN_COUNT]
-    if carried == "ucx":
-        assert by_tcp, "the plan has no batch that auto sends over the TCP transport"
-    split = {"tcp": (sum(by_tcp), len(by_tcp)),
-             "ucx": (total - sum(by_tcp), n - len(by_tcp))}
     if carried == "tcp":
         split = {"tcp": (total, n), "ucx": (0, 0)}
+    else:
+        by_tcp = [b for batch in receiver["round_nbytes"] for b in batch
+                  if b >= TCP_BATCH_MIN_BYTES
+                  and sum(x >= TCP_BATCH_MIN_BYTES for x in batch) >= TCP_BATCH_MIN_COUNT]
+        assert by_tcp, "the plan has no batch that auto sends over the TCP transport"
+        split = {"tcp": (sum(by_tcp), len(by_tcp)),
+                 "ucx": (total - sum(by_tcp), n - len(by_tcp))}
     for transport, (nbytes, count) in split.items():
         assert transports[transport]["bytes_received"] == nbytes, (transport, transports)
         assert transports[transport]["transfers_received"] == count, (transport, transports)

@@ -210,6 +210,13 @@ impl Callbacks {
     fn push(&self, event: Event) {
         self.events.borrow_mut().push(event);
     }
+
+    /// Counts a message refused without an answer, and says why in the log
+    /// (the event is logged on the worker's thread, not in the callback).
+    fn drop_message(&self, why: String) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.push(Event::Dropped(why));
+    }
 }
 
 /// A worker of another process: (process, worker index).
@@ -2194,14 +2201,12 @@ unsafe extern "C" fn on_data(
         )
     };
     let rendezvous = recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV != 0;
-    let refuse = |why: String| {
-        callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-        callbacks.push(Event::Dropped(why));
-        UCS_OK
-    };
     let parsed = match DataHeader::decode(header) {
         Ok(parsed) => parsed,
-        Err(e) => return refuse(format!("a DATA message was dropped: {}", e.message)),
+        Err(e) => {
+            callbacks.drop_message(format!("a DATA message was dropped: {}", e.message));
+            return UCS_OK;
+        }
     };
     // A refusal goes back over the connection the message came on, now,
     // while UCX vouches for that endpoint; where there is none, only over
@@ -2399,11 +2404,7 @@ unsafe extern "C" fn on_chunk(
     let parsed = match ChunkHeader::decode(header) {
         Ok(parsed) => parsed,
         Err(e) => {
-            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-            callbacks.push(Event::Dropped(format!(
-                "a chunk message was dropped: {}",
-                e.message
-            )));
+            callbacks.drop_message(format!("a chunk message was dropped: {}", e.message));
             return UCS_OK;
         }
     };
@@ -2593,11 +2594,7 @@ unsafe extern "C" fn on_ack(
     match Ack::decode(header, payload) {
         Ok(ack) => callbacks.push(Event::Ack(ack)),
         Err(e) => {
-            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-            callbacks.push(Event::Dropped(format!(
-                "an acknowledgement was dropped: {}",
-                e.message
-            )));
+            callbacks.drop_message(format!("an acknowledgement was dropped: {}", e.message));
         }
     }
     UCS_OK
@@ -2736,11 +2733,7 @@ unsafe extern "C" fn on_close(
     let message = match decoded {
         Ok(message) => message,
         Err(e) => {
-            callbacks.rejected.fetch_add(1, Ordering::Relaxed);
-            callbacks.push(Event::Dropped(format!(
-                "a close message was dropped: {}",
-                e.message
-            )));
+            callbacks.drop_message(format!("a close message was dropped: {}", e.message));
             return UCS_OK;
         }
     };
